@@ -1,0 +1,42 @@
+# One entry point for the same commands locally and in CI.
+# `make up` runs the whole mesh on the embedded default; `make test` runs the tests.
+# Both install what they need into .venv first.
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+HTTP_PORT ?= 8000
+
+.PHONY: install models up test lint format clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	# torch first and pinned: this version's CPU build is what these machines provide.
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[worker,embedded,dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+models: install
+	$(BIN)/python examples/build_models.py
+
+up: models
+	$(BIN)/weir up --http-port $(HTTP_PORT)
+
+test: models
+	$(BIN)/python -m pytest
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+
+format: install
+	$(BIN)/ruff format .
+	$(BIN)/ruff check --fix .
+
+clean:
+	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache

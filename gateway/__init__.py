@@ -1,0 +1,1 @@
+"""The gateway: KServe v2 / Triton HTTP in front of the mesh. Stateless; no torch."""

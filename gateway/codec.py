@@ -1,0 +1,269 @@
+"""KServe v2 infer bodies, JSON and Triton's binary tensor data extension, both ways.
+
+A request body is a JSON header, optionally followed by raw tensors in the order their
+inputs appear in the JSON (``Inference-Header-Content-Length`` gives the JSON's length, and
+each binary input says its ``binary_data_size``). Inputs become :class:`~weir.tensors.Tensor`
+objects; nothing downstream sees JSON lists. A response is rendered the same way: outputs
+asked for as ``binary_data`` (or all, with ``binary_data_output``) follow the JSON header.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import orjson
+
+from weir import datatypes
+from weir.errors import InvalidInput
+from weir.tensors import Tensor
+
+
+@dataclass(frozen=True, slots=True)
+class RequestedOutput:
+    """An output the client asked for, and whether it wants it as binary."""
+
+    name: str
+    binary: bool | None = None
+
+
+@dataclass(slots=True)
+class InferBody:
+    """A parsed infer request body."""
+
+    inputs: dict[str, Tensor]
+    outputs: list[RequestedOutput] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    id: str | None = None
+
+    @property
+    def binary_output_default(self) -> bool:
+        return bool(self.parameters.get("binary_data_output", False))
+
+
+def parse_infer_body(body: bytes, header_length: int | None) -> InferBody:
+    """Parse a JSON or JSON+binary infer body; every problem is an InvalidInput."""
+    json_part, binary = _split_body(body, header_length)
+    header = _load_json(json_part)
+    raw_inputs = _list_of_objects(header, "inputs")
+    if not raw_inputs:
+        raise InvalidInput("request has no inputs")
+    reader = _BinaryReader(binary)
+    inputs: dict[str, Tensor] = {}
+    for raw in raw_inputs:
+        name, tensor = _parse_input(raw, reader)
+        if name in inputs:
+            raise InvalidInput(f"input '{name}' appears more than once")
+        inputs[name] = tensor
+    reader.check_consumed()
+    return InferBody(
+        inputs=inputs,
+        outputs=[_parse_output(raw) for raw in _list_of_objects(header, "outputs")],
+        parameters=_parameters(header, "request"),
+        id=_optional_id(header),
+    )
+
+
+def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, bytes]:
+    if header_length is None:
+        return body, b""
+    if header_length <= 0 or header_length > len(body):
+        raise InvalidInput(
+            f"Inference-Header-Content-Length {header_length} does not fit a body of "
+            f"{len(body)} bytes"
+        )
+    return body[:header_length], body[header_length:]
+
+
+def _load_json(raw: bytes) -> dict[str, Any]:
+    try:
+        header = orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+    if not isinstance(header, dict):
+        raise InvalidInput("request body must be a JSON object")
+    return header
+
+
+def _list_of_objects(header: dict[str, Any], key: str) -> list[dict[str, Any]]:
+    value = header.get(key, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        raise InvalidInput(f"'{key}' must be a list of objects")
+    return value
+
+
+def _parameters(raw: dict[str, Any], where: str) -> dict[str, Any]:
+    params = raw.get("parameters", {})
+    if not isinstance(params, dict):
+        raise InvalidInput(f"{where} 'parameters' must be an object")
+    return params
+
+
+def _optional_id(header: dict[str, Any]) -> str | None:
+    request_id = header.get("id")
+    if request_id is not None and not isinstance(request_id, str):
+        raise InvalidInput("'id' must be a string")
+    return request_id
+
+
+class _BinaryReader:
+    """Hands out consecutive slices of the binary part of a body."""
+
+    def __init__(self, binary: bytes) -> None:
+        self.binary = binary
+        self.offset = 0
+
+    def take(self, name: str, size: int) -> bytes:
+        if self.offset + size > len(self.binary):
+            raise InvalidInput(
+                f"input '{name}': binary_data_size {size} runs past the end of the body "
+                f"({len(self.binary) - self.offset} bytes left)"
+            )
+        chunk = self.binary[self.offset : self.offset + size]
+        self.offset += size
+        return chunk
+
+    def check_consumed(self) -> None:
+        extra = len(self.binary) - self.offset
+        if extra:
+            raise InvalidInput(f"body has {extra} bytes of binary data that no input claims")
+
+
+def _parse_input(raw: dict[str, Any], reader: _BinaryReader) -> tuple[str, Tensor]:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("every input needs a 'name' string")
+    datatype = raw.get("datatype")
+    if datatype not in datatypes.DATATYPES:
+        raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
+    shape = _shape(name, raw.get("shape"))
+    size = _parameters(raw, f"input '{name}'").get("binary_data_size")
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+        tensor = Tensor(datatype, shape, reader.take(name, size))
+    elif "data" in raw:
+        tensor = tensor_from_json(name, datatype, shape, raw["data"])
+    else:
+        raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
+    try:
+        tensor.check_size()
+    except InvalidInput as exc:
+        raise InvalidInput(f"input '{name}': {exc.message}") from None
+    return name, tensor
+
+
+def _shape(name: str, shape: Any) -> tuple[int, ...]:
+    valid = isinstance(shape, list) and all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    )
+    if not valid:
+        raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
+    return tuple(shape)
+
+
+def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Tensor:
+    """Build a tensor from JSON ``data`` (flat or nested, row-major)."""
+    if datatype == datatypes.BF16:
+        raise InvalidInput(f"input '{name}': BF16 data must use the binary data extension")
+    flat = _flatten(name, data)
+    if len(flat) != math.prod(shape):
+        raise InvalidInput(
+            f"input '{name}': shape {list(shape)} needs {math.prod(shape)} elements, "
+            f"data has {len(flat)}"
+        )
+    if datatype == datatypes.BYTES:
+        return Tensor(
+            datatype, shape, datatypes.serialize_bytes([_json_bytes(name, e) for e in flat])
+        )
+    return Tensor(datatype, shape, _numeric(name, datatype, flat).tobytes())
+
+
+def _flatten(name: str, data: Any) -> list[Any]:
+    if not isinstance(data, list):
+        return [data]
+    if not any(isinstance(e, list) for e in data):
+        return data
+    flat: list[Any] = []
+    for element in data:
+        flat.extend(_flatten(name, element))
+    return flat
+
+
+def _numeric(name: str, datatype: str, flat: list[Any]) -> np.ndarray:
+    dtype = datatypes.numpy_dtype(datatype)
+    wanted = "b" if dtype.kind == "b" else ("f" if dtype.kind == "f" else "i")
+    for element in flat:
+        if _json_kind(element) not in _ACCEPTS[wanted]:
+            raise InvalidInput(f"input '{name}': {element!r} is not a valid {datatype} value")
+    try:
+        return np.array(flat, dtype=dtype)
+    except (OverflowError, ValueError) as exc:
+        raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
+
+
+# JSON element kinds each numpy kind accepts: ints may fill float tensors, never the reverse.
+_ACCEPTS = {"b": {"b"}, "i": {"i"}, "f": {"i", "f"}}
+
+
+def _json_kind(element: Any) -> str:
+    if isinstance(element, bool):
+        return "b"
+    if isinstance(element, int):
+        return "i"
+    if isinstance(element, float):
+        return "f"
+    return "?"
+
+
+def _json_bytes(name: str, element: Any) -> bytes:
+    if not isinstance(element, str):
+        raise InvalidInput(f"input '{name}': BYTES elements in JSON must be strings")
+    return element.encode()
+
+
+def _parse_output(raw: dict[str, Any]) -> RequestedOutput:
+    name = raw.get("name")
+    if not isinstance(name, str) or not name:
+        raise InvalidInput("every requested output needs a 'name' string")
+    binary = _parameters(raw, f"output '{name}'").get("binary_data")
+    return RequestedOutput(name, None if binary is None else bool(binary))
+
+
+def render_infer_response(
+    model: str,
+    version: str,
+    request_id: str | None,
+    outputs: list[tuple[str, Tensor, bool]],
+) -> tuple[bytes, int | None]:
+    """The response body, and the JSON header's length when binary tensors follow it."""
+    rendered: list[dict[str, Any]] = []
+    chunks: list[bytes] = []
+    for name, tensor, binary in outputs:
+        item: dict[str, Any] = {
+            "name": name,
+            "datatype": tensor.datatype,
+            "shape": list(tensor.shape),
+        }
+        if binary or tensor.datatype == datatypes.BF16:
+            item["parameters"] = {"binary_data_size": len(tensor.data)}
+            chunks.append(tensor.data)
+        else:
+            item["data"] = _json_data(tensor)
+        rendered.append(item)
+    response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": rendered}
+    if request_id is not None:
+        response["id"] = request_id
+    header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    if not chunks:
+        return header, None
+    return header + b"".join(chunks), len(header)
+
+
+def _json_data(tensor: Tensor) -> Any:
+    array = tensor.to_numpy().reshape(-1)
+    if tensor.datatype == datatypes.BYTES:
+        return [e.decode(errors="replace") for e in array]
+    return array

@@ -1,0 +1,127 @@
+"""The gateway's side of the mesh: put a request on its stream, await its reply.
+
+Each gateway process owns one reply stream. One reader task reads it (many entries per
+``XREAD``) and resolves the waiting request by id; a reply nobody waits for any more (its
+deadline passed, or a redelivered batch answered it twice) is dropped. Each read also trims
+what the previous read consumed, in the same round trip.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from gateway.codec import InferBody
+from weir import names, wire
+from weir.errors import DeadlineExceeded, Unavailable
+from weir.repository import ModelEntry
+from weir.settings import GatewaySettings
+from weir.wire import InferReply, InferRequest
+
+logger = logging.getLogger(__name__)
+
+
+class MeshClient:
+    """Sends requests into the mesh and matches the replies that come back."""
+
+    def __init__(self, redis: Redis, settings: GatewaySettings) -> None:
+        self.redis = redis
+        self.settings = settings
+        self.gateway_id = uuid.uuid4().hex[:16]
+        self.reply_stream = names.reply_stream(self.gateway_id)
+        self.waiting: dict[str, asyncio.Future[InferReply]] = {}
+        self._ids = itertools.count()
+
+    async def infer(
+        self, entry: ModelEntry, version: str, body: InferBody, batch: int
+    ) -> InferReply:
+        """Queue one request and wait for its reply, at most until its deadline."""
+        timeout_s = self._timeout_s(body)
+        request = self._request(entry, version, body, timeout_s)
+        future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
+        self.waiting[request.id] = future
+        try:
+            await self._send(request, batch)
+            return await asyncio.wait_for(future, timeout_s)
+        except TimeoutError:
+            raise DeadlineExceeded(
+                f"request to model '{entry.name}' version '{version}' was not answered "
+                f"within {timeout_s:g} s"
+            ) from None
+        finally:
+            self.waiting.pop(request.id, None)
+
+    def _timeout_s(self, body: InferBody) -> float:
+        # Triton's `timeout` parameter (microseconds) may only lower the server's deadline.
+        timeout_s = self.settings.request_timeout_s
+        override = body.parameters.get("timeout")
+        if isinstance(override, int) and not isinstance(override, bool) and override > 0:
+            timeout_s = min(timeout_s, override / 1e6)
+        return timeout_s
+
+    def _request(
+        self, entry: ModelEntry, version: str, body: InferBody, timeout_s: float
+    ) -> InferRequest:
+        now_ns = wire.now_ns()
+        return InferRequest(
+            id=f"{self.gateway_id}-{next(self._ids)}",
+            model=entry.name,
+            version=version,
+            inputs=body.inputs,
+            reply_to=self.reply_stream,
+            deadline_ms=now_ns // 1_000_000 + int(timeout_s * 1000),
+            outputs=[o.name for o in body.outputs],
+            parameters={k: v for k, v in body.parameters.items() if k != "binary_data_output"},
+            ts={"gateway_in": now_ns},
+        )
+
+    async def _send(self, request: InferRequest, batch: int) -> None:
+        fields = {wire.PAYLOAD: request.encode(), wire.BATCH_SIZE: str(batch)}
+        try:
+            await self.redis.xadd(names.request_stream(request.model, request.version), fields)
+        except RedisError as exc:
+            raise Unavailable(f"cannot queue the request: {exc}") from None
+
+    async def read_replies(self) -> None:
+        """The reader task: runs for the gateway's life."""
+        last_id: bytes | str = "0-0"
+        while True:
+            try:
+                last_id = await self._read_once(last_id)
+            except RedisError as exc:
+                logger.warning("reading replies failed, retrying: %s", exc)
+                await asyncio.sleep(0.5)
+
+    async def _read_once(self, last_id: bytes | str) -> bytes | str:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.xtrim(self.reply_stream, minid=last_id)
+            pipe.xread(
+                {self.reply_stream: last_id},
+                count=self.settings.reply_read_count,
+                block=self.settings.reply_block_ms,
+            )
+            _, result = await pipe.execute()
+        for _, entries in result or []:
+            for entry_id, fields in entries:
+                self._resolve(fields[wire.PAYLOAD])
+                last_id = entry_id
+        return last_id
+
+    def _resolve(self, payload: bytes) -> None:
+        reply = InferReply.decode(payload)
+        reply.ts["gateway_out"] = time.time_ns()
+        future = self.waiting.get(reply.id)
+        if future is not None and not future.done():
+            future.set_result(reply)
+
+    async def close(self) -> None:
+        try:
+            await self.redis.delete(self.reply_stream)
+        except RedisError:
+            logger.warning("could not delete reply stream %s", self.reply_stream)

@@ -1,0 +1,75 @@
+"""Server and model metadata, model config and statistics, in Triton's JSON shapes."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from weir import __version__, datatypes
+from weir.config import Backend, ModelConfig, TensorSpec
+from weir.repository import ModelEntry
+
+EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+
+PLATFORMS: dict[Backend, str] = {
+    Backend.PYTORCH: "pytorch_libtorch",
+    Backend.ONNXRUNTIME: "onnxruntime_onnx",
+    Backend.TENSORRT: "tensorrt_plan",
+    Backend.PYTHON: "python",
+    Backend.ENSEMBLE: "ensemble",
+}
+
+
+def server_metadata() -> dict[str, Any]:
+    return {"name": "weir", "version": __version__, "extensions": EXTENSIONS}
+
+
+def model_metadata(entry: ModelEntry, version: str | None) -> dict[str, Any]:
+    config = entry.config
+    return {
+        "name": entry.name,
+        "versions": [version] if version else list(entry.versions),
+        "platform": PLATFORMS[config.backend],
+        "inputs": [_tensor_metadata(config, spec) for spec in config.input],
+        "outputs": [_tensor_metadata(config, spec) for spec in config.output],
+    }
+
+
+def _tensor_metadata(config: ModelConfig, spec: TensorSpec) -> dict[str, Any]:
+    return {"name": spec.name, "datatype": spec.datatype, "shape": config.full_shape(spec)}
+
+
+def model_config(entry: ModelEntry) -> dict[str, Any]:
+    """The config as Triton's JSON form of ``ModelConfig``."""
+    config = entry.config
+    raw = config.model_dump(mode="json", exclude_none=True)
+    for key in ("input", "output"):
+        for tensor in raw[key]:
+            tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
+    raw["platform"] = PLATFORMS[config.backend]
+    raw["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
+    return raw
+
+
+def model_statistics(name: str, version: str, recorded: dict[bytes, bytes]) -> dict[str, Any]:
+    """Triton's statistics extension, from the counters the workers record per batch."""
+    counts = {k.decode(): int(v) for k, v in recorded.items()}
+    batches = sorted(
+        (int(key.split(":", 1)[1]), count)
+        for key, count in counts.items()
+        if key.startswith("batch_size:")
+    )
+    return {
+        "name": name,
+        "version": version,
+        "inference_count": counts.get("inference_count", 0),
+        "execution_count": counts.get("execution_count", 0),
+        "inference_stats": {
+            "compute_infer": {
+                "count": counts.get("execution_count", 0),
+                "ns": counts.get("compute_ns", 0),
+            },
+        },
+        "batch_stats": [
+            {"batch_size": size, "compute_infer": {"count": count}} for size, count in batches
+        ],
+    }

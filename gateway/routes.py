@@ -1,0 +1,148 @@
+"""The KServe v2 HTTP routes, with Triton's model configuration and statistics extensions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+from fastapi import APIRouter, Request, Response
+from redis.exceptions import RedisError
+
+from gateway import codec, metadata
+from gateway.health import served_models
+from gateway.state import GatewayState, gateway_state
+from gateway.validation import check_request
+from weir import names
+from weir.errors import BodyTooLarge, InvalidInput, Unavailable
+from weir.tensors import Tensor
+
+router = APIRouter()
+
+HEADER_LENGTH = "inference-header-content-length"
+JSON = "application/json"
+
+
+def _json(content: Any, status_code: int = 200) -> Response:
+    return Response(orjson.dumps(content), status_code=status_code, media_type=JSON)
+
+
+@router.get("/v2/health/live")
+async def live() -> Response:
+    return Response(status_code=200)
+
+
+@router.get("/v2/health/ready")
+async def ready(request: Request) -> Response:
+    state = gateway_state(request)
+    served = await _served(state)
+    wanted = {(e.name, v) for e in state.repository for v in e.versions}
+    return Response(status_code=200 if wanted <= served else 503)
+
+
+async def _served(state: GatewayState) -> set[tuple[str, str]]:
+    try:
+        return await served_models(state.redis)
+    except RedisError as exc:
+        raise Unavailable(f"Redis is unreachable: {exc}") from None
+
+
+@router.get("/v2")
+async def server_metadata() -> Response:
+    return _json(metadata.server_metadata())
+
+
+@router.get("/v2/models/{model}")
+@router.get("/v2/models/{model}/versions/{version}")
+async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
+    entry, _ = gateway_state(request).repository.resolve(model, version)
+    return _json(metadata.model_metadata(entry, version))
+
+
+@router.get("/v2/models/{model}/ready")
+@router.get("/v2/models/{model}/versions/{version}/ready")
+async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+    state = gateway_state(request)
+    entry, version = state.repository.resolve(model, version)
+    served = await _served(state)
+    return Response(status_code=200 if (entry.name, version) in served else 503)
+
+
+@router.get("/v2/models/{model}/config")
+@router.get("/v2/models/{model}/versions/{version}/config")
+async def model_config(request: Request, model: str, version: str | None = None) -> Response:
+    entry, _ = gateway_state(request).repository.resolve(model, version)
+    return _json(metadata.model_config(entry))
+
+
+@router.get("/v2/models/{model}/stats")
+@router.get("/v2/models/{model}/versions/{version}/stats")
+async def model_stats(request: Request, model: str, version: str | None = None) -> Response:
+    state = gateway_state(request)
+    entry, _ = state.repository.resolve(model, version)
+    versions = [version] if version else list(entry.versions)
+    stats = []
+    for v in versions:
+        recorded = await state.redis.hgetall(names.model_stats(entry.name, v))
+        stats.append(metadata.model_statistics(entry.name, v, recorded))
+    return _json({"model_stats": stats})
+
+
+@router.post("/v2/models/{model}/infer")
+@router.post("/v2/models/{model}/versions/{version}/infer")
+async def infer(request: Request, model: str, version: str | None = None) -> Response:
+    state = gateway_state(request)
+    entry, version = state.repository.resolve(model, version)
+    body = codec.parse_infer_body(
+        await _read_body(request, state.settings.body_limit_bytes), _header_length(request)
+    )
+    batch = check_request(entry.config, body)
+    reply = await state.mesh.infer(entry, version, body, batch)
+    reply.raise_for_error()
+    content, header_length = codec.render_infer_response(
+        entry.name, version, body.id, _outputs(body, reply.outputs)
+    )
+    if header_length is None:
+        return Response(content, media_type=JSON)
+    return Response(
+        content,
+        media_type="application/octet-stream",
+        headers={"Inference-Header-Content-Length": str(header_length)},
+    )
+
+
+def _outputs(body: codec.InferBody, outputs: dict[str, Tensor]) -> list[tuple[str, Tensor, bool]]:
+    default = body.binary_output_default
+    if not body.outputs:
+        return [(name, tensor, default) for name, tensor in outputs.items()]
+    return [
+        (o.name, outputs[o.name], default if o.binary is None else o.binary) for o in body.outputs
+    ]
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get(HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise InvalidInput(f"Inference-Header-Content-Length {raw!r} is not an integer") from None
+
+
+async def _read_body(request: Request, limit_bytes: int) -> bytes:
+    """The body, refused as soon as it is known to exceed ``limit_bytes``."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
+        raise _too_large(int(declared), limit_bytes)
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in request.stream():
+        received += len(chunk)
+        if received > limit_bytes:
+            raise _too_large(received, limit_bytes)
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def _too_large(size: int, limit_bytes: int) -> BodyTooLarge:
+    return BodyTooLarge(f"request body of {size} bytes or more exceeds the limit of {limit_bytes}")

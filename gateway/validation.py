@@ -1,0 +1,72 @@
+"""Checks a parsed request against the model's config before anything is queued.
+
+Each problem is a 400 that names the tensor and what is wrong with it: an unknown or
+missing input, a wrong datatype, a wrong rank or dimension, a batch over
+``max_batch_size``, inputs that disagree on the batch size, an unknown output.
+"""
+
+from __future__ import annotations
+
+from gateway.codec import InferBody
+from weir.config import ModelConfig, TensorSpec
+from weir.errors import InvalidInput
+from weir.tensors import Tensor
+
+
+def check_request(config: ModelConfig, body: InferBody) -> int:
+    """Validate ``body`` for ``config``; returns the request's batch size (1 if unbatched)."""
+    _check_names(config, body)
+    batch_sizes = {
+        _check_tensor(config, spec, body.inputs[spec.name])
+        for spec in config.input
+        if spec.name in body.inputs
+    }
+    if len(batch_sizes) > 1:
+        sizes = ", ".join(str(s) for s in sorted(batch_sizes))
+        raise InvalidInput(f"inputs of model '{config.name}' disagree on the batch size ({sizes})")
+    return batch_sizes.pop() if batch_sizes else 1
+
+
+def _check_names(config: ModelConfig, body: InferBody) -> None:
+    expected = {spec.name for spec in config.input}
+    for name in body.inputs:
+        if name not in expected:
+            raise InvalidInput(
+                f"unexpected input '{name}' for model '{config.name}'; "
+                f"expected {', '.join(sorted(expected))}"
+            )
+    for spec in config.input:
+        if spec.name not in body.inputs and not spec.optional:
+            raise InvalidInput(f"missing input '{spec.name}' for model '{config.name}'")
+    outputs = {spec.name for spec in config.output}
+    for requested in body.outputs:
+        if requested.name not in outputs:
+            raise InvalidInput(
+                f"unknown output '{requested.name}' for model '{config.name}'; "
+                f"expected {', '.join(sorted(outputs))}"
+            )
+
+
+def _check_tensor(config: ModelConfig, spec: TensorSpec, tensor: Tensor) -> int:
+    if tensor.datatype != spec.datatype:
+        raise InvalidInput(
+            f"input '{spec.name}' has datatype {tensor.datatype}, "
+            f"model '{config.name}' expects {spec.datatype}"
+        )
+    expected = config.full_shape(spec)
+    shape = list(tensor.shape)
+    if len(shape) != len(expected) or any(
+        want != -1 and got != want for got, want in zip(shape, expected, strict=True)
+    ):
+        raise InvalidInput(
+            f"input '{spec.name}' has shape {shape}, model '{config.name}' expects {expected}"
+        )
+    if config.max_batch_size == 0:
+        return 1
+    batch = shape[0]
+    if batch < 1 or batch > config.max_batch_size:
+        raise InvalidInput(
+            f"input '{spec.name}' has batch size {batch}; model '{config.name}' takes "
+            f"1 to {config.max_batch_size} (max_batch_size)"
+        )
+    return batch

@@ -1,0 +1,112 @@
+"""The ``weir`` command: the composition root.
+
+Each subcommand imports its service inside itself, so ``weir gateway`` never imports
+torch. Options given on the command line override environment variables, which override
+defaults.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from weir import __version__
+from weir.errors import ConfigError
+from weir.settings import BatcherSettings, GatewaySettings, UpSettings, WorkerSettings
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", help="Redis URL (env WEIR_REDIS_URL)")
+    parser.add_argument("--repository", type=Path, help="model repository (env WEIR_REPOSITORY)")
+    parser.add_argument("--log-level", help="DEBUG, INFO, WARNING... (env WEIR_LOG_LEVEL)")
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="weir", description="Weir inference server")
+    parser.add_argument("--version", action="version", version=f"weir {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    up = commands.add_parser("up", help="run the whole mesh locally, with a private Redis")
+    _common(up)
+    up.add_argument("--http-port", type=int, help="gateway HTTP port (env WEIR_UP_HTTP_PORT)")
+    up.add_argument(
+        "--redis-port", type=int, help="private Redis port, 0 for any (WEIR_UP_REDIS_PORT)"
+    )
+
+    gateway = commands.add_parser("gateway", help="the KServe v2 HTTP gateway")
+    _common(gateway)
+    gateway.add_argument("--host", help="bind address (env WEIR_GATEWAY_HOST)")
+    gateway.add_argument("--http-port", type=int, help="HTTP port (env WEIR_GATEWAY_HTTP_PORT)")
+
+    batcher = commands.add_parser("batcher", help="the dynamic batcher")
+    _common(batcher)
+
+    worker = commands.add_parser("worker", help="a worker pool")
+    _common(worker)
+    worker.add_argument("--pool", choices=["cpu", "gpu"], help="pool kind (env WEIR_WORKER_POOL)")
+    worker.add_argument("--torch-threads", type=int, help="torch threads, 0 for torch's default")
+    return parser
+
+
+def _overrides(args: argparse.Namespace) -> dict[str, Any]:
+    return {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+
+
+def _run_up(options: dict[str, Any]) -> int:
+    from weir.embedded import Embedded
+
+    service = Embedded(UpSettings(**options))
+    asyncio.run(service.serve())
+    return service.exit_code
+
+
+def _run_gateway(options: dict[str, Any]) -> int:
+    from gateway.server import serve
+
+    serve(GatewaySettings(**options))
+    return 0
+
+
+def _run_batcher(options: dict[str, Any]) -> int:
+    from batcher.service import Batcher
+
+    asyncio.run(Batcher(BatcherSettings(**options)).serve())
+    return 0
+
+
+def _run_worker(options: dict[str, Any]) -> int:
+    from workers.service import Worker
+
+    asyncio.run(Worker(WorkerSettings(**options)).serve())
+    return 0
+
+
+COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
+    "up": _run_up,
+    "gateway": _run_gateway,
+    "batcher": _run_batcher,
+    "worker": _run_worker,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    options = _overrides(args)
+    logging.basicConfig(
+        level=str(options.get("log_level", "INFO")).upper(),
+        format=f"%(asctime)s {args.command} %(levelname)s %(name)s: %(message)s",
+    )
+    try:
+        return COMMANDS[args.command](options)
+    except ConfigError as exc:
+        print(f"weir {args.command}: invalid model repository: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,281 @@
+"""Model configuration with the field names of Triton's ``model_config.proto``.
+
+``config.yaml`` is parsed into these models; a bad file stops start-up with a
+:class:`~weir.errors.ConfigError` naming the file and the field. Datatypes are accepted as
+config names (``TYPE_FP32``) or protocol names (``FP32``) and held as protocol names.
+"""
+
+from __future__ import annotations
+
+import logging
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from weir import datatypes
+from weir.errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+# Triton fields that a config may carry and Weir does not act on yet: loaded with a warning.
+IGNORED_TRITON_FIELDS = frozenset(
+    {
+        "optimization",
+        "model_warmup",
+        "response_cache",
+        "model_transaction_policy",
+        "model_operations",
+        "model_metrics",
+        "metric_tags",
+        "default_model_filename",
+        "cc_model_filenames",
+        "model_repository_agents",
+        "runtime",
+    }
+)
+
+
+class Backend(StrEnum):
+    """Backends by Triton's names."""
+
+    PYTORCH = "pytorch"
+    ONNXRUNTIME = "onnxruntime"
+    TENSORRT = "tensorrt"
+    PYTHON = "python"
+    ENSEMBLE = "ensemble"
+
+
+BACKEND_ALIASES: dict[str, Backend] = {
+    "pytorch": Backend.PYTORCH,
+    "torch": Backend.PYTORCH,
+    "pytorch_libtorch": Backend.PYTORCH,
+    "onnxruntime": Backend.ONNXRUNTIME,
+    "onnxruntime_onnx": Backend.ONNXRUNTIME,
+    "tensorrt": Backend.TENSORRT,
+    "tensorrt_plan": Backend.TENSORRT,
+    "python": Backend.PYTHON,
+    "ensemble": Backend.ENSEMBLE,
+}
+
+
+class InstanceKind(StrEnum):
+    """Where a model's instances run (Triton's ``instance_group.kind``)."""
+
+    AUTO = "KIND_AUTO"
+    CPU = "KIND_CPU"
+    GPU = "KIND_GPU"
+    MODEL = "KIND_MODEL"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TensorSpec(_Strict):
+    """One ``input`` or ``output`` entry."""
+
+    name: str = Field(min_length=1)
+    data_type: str
+    dims: tuple[int, ...]
+    optional: bool = False
+
+    @field_validator("data_type")
+    @classmethod
+    def _known_datatype(cls, value: str) -> str:
+        name = datatypes.CONFIG_TO_PROTOCOL.get(value, value)
+        if name not in datatypes.DATATYPES:
+            known = ", ".join(sorted(datatypes.CONFIG_TO_PROTOCOL))
+            raise ValueError(f"unknown data_type {value!r}; expected one of {known}")
+        return name
+
+    @field_validator("dims")
+    @classmethod
+    def _valid_dims(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(d == 0 or d < -1 for d in value):
+            raise ValueError(f"dims {list(value)}: each dim is -1 (variable) or positive")
+        return value
+
+    @property
+    def datatype(self) -> str:
+        """The protocol datatype name (``FP32``, ``BYTES``...)."""
+        return self.data_type
+
+
+class DynamicBatching(_Strict):
+    """Triton's ``dynamic_batching`` block (the fields Weir acts on)."""
+
+    preferred_batch_size: tuple[int, ...] = ()
+    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    preserve_ordering: bool = False
+
+    @field_validator("preferred_batch_size")
+    @classmethod
+    def _positive(cls, value: tuple[int, ...]) -> tuple[int, ...]:
+        if any(size < 1 for size in value):
+            raise ValueError("each preferred_batch_size must be positive")
+        return tuple(sorted(set(value)))
+
+
+class InstanceGroup(_Strict):
+    """One ``instance_group`` entry."""
+
+    name: str = ""
+    kind: InstanceKind = InstanceKind.AUTO
+    count: int = Field(default=1, ge=1)
+    gpus: tuple[int, ...] = ()
+
+
+class LatestPolicy(_Strict):
+    """Serve the newest ``num_versions`` versions."""
+
+    num_versions: int = Field(default=1, ge=1)
+
+
+class SpecificPolicy(_Strict):
+    """Serve exactly the listed versions."""
+
+    versions: tuple[int, ...] = Field(min_length=1)
+
+
+class VersionPolicy(_Strict):
+    """Exactly one of ``latest``, ``all`` or ``specific``."""
+
+    latest: LatestPolicy | None = None
+    all: dict[str, Any] | None = None
+    specific: SpecificPolicy | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_latest(cls, raw: Any) -> Any:
+        # An empty policy is Triton's default: the latest version only.
+        return raw or {"latest": {}}
+
+    @model_validator(mode="after")
+    def _one_of(self) -> VersionPolicy:
+        chosen = [k for k in ("latest", "all", "specific") if getattr(self, k) is not None]
+        if len(chosen) > 1:
+            raise ValueError(f"set only one of latest, all, specific (got {', '.join(chosen)})")
+        return self
+
+    def select(self, available: list[int]) -> list[int]:
+        """The versions this policy serves out of those on disk, ascending."""
+        ordered = sorted(available)
+        if self.all is not None:
+            return ordered
+        if self.specific is not None:
+            return [v for v in ordered if v in self.specific.versions]
+        keep = (self.latest or LatestPolicy()).num_versions
+        return ordered[-keep:]
+
+
+class ModelConfig(_Strict):
+    """A model's ``config.yaml``: the subset of ``model_config.proto`` Weir implements."""
+
+    name: str
+    backend: Backend
+    max_batch_size: int = Field(default=0, ge=0)
+    input: tuple[TensorSpec, ...] = Field(min_length=1)
+    output: tuple[TensorSpec, ...] = Field(min_length=1)
+    dynamic_batching: DynamicBatching | None = None
+    instance_group: tuple[InstanceGroup, ...] = (InstanceGroup(),)
+    version_policy: VersionPolicy = VersionPolicy(latest=LatestPolicy())
+    parameters: dict[str, str] = Field(default_factory=dict)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _normalise(cls, raw: Any) -> Any:
+        if not isinstance(raw, dict):
+            raise ValueError("a model config is a mapping of field names to values")
+        raw = dict(raw)
+        _pick_backend(raw)
+        raw["parameters"] = _flatten_parameters(raw.get("parameters") or {})
+        return raw
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ModelConfig:
+        _unique_names("input", self.input)
+        _unique_names("output", self.output)
+        preferred = self.dynamic_batching.preferred_batch_size if self.dynamic_batching else ()
+        if preferred and max(preferred) > max(self.max_batch_size, 1):
+            raise ValueError(
+                f"preferred_batch_size {max(preferred)} exceeds max_batch_size "
+                f"{self.max_batch_size}"
+            )
+        return self
+
+    def input_spec(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.input if spec.name == name), None)
+
+    def output_spec(self, name: str) -> TensorSpec | None:
+        return next((spec for spec in self.output if spec.name == name), None)
+
+    def full_shape(self, spec: TensorSpec) -> list[int]:
+        """The shape a client sees: ``[-1] + dims`` when the model batches."""
+        return [-1, *spec.dims] if self.max_batch_size > 0 else list(spec.dims)
+
+    def instance_kinds(self) -> set[InstanceKind]:
+        return {group.kind for group in self.instance_group}
+
+
+def _pick_backend(raw: dict[str, Any]) -> None:
+    backend = raw.pop("backend", None)
+    platform = raw.pop("platform", None)
+    name = backend or platform
+    if name is None:
+        raise ValueError("set backend (pytorch, onnxruntime, tensorrt, python) or platform")
+    resolved = BACKEND_ALIASES.get(str(name))
+    if resolved is None:
+        raise ValueError(f"unknown backend {name!r}; expected one of {sorted(BACKEND_ALIASES)}")
+    raw["backend"] = resolved
+
+
+def _flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
+    # Triton writes parameters as {key: {string_value: "..."}}; plain values are accepted too.
+    flat: dict[str, str] = {}
+    for key, value in raw.items():
+        if isinstance(value, dict) and "string_value" in value:
+            value = value["string_value"]
+        flat[str(key)] = str(value)
+    return flat
+
+
+def _unique_names(field: str, specs: tuple[TensorSpec, ...]) -> None:
+    seen: set[str] = set()
+    for spec in specs:
+        if spec.name in seen:
+            raise ValueError(f"{field} name {spec.name!r} appears twice")
+        seen.add(spec.name)
+
+
+def load_config(path: Path, default_name: str) -> ModelConfig:
+    """Parse one ``config.yaml``; every problem raises ConfigError naming file and field."""
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+    if isinstance(raw, dict):
+        raw.setdefault("name", default_name)
+        for ignored in IGNORED_TRITON_FIELDS.intersection(raw):
+            logger.warning("%s: field %s is not supported yet and is ignored", path, ignored)
+            raw.pop(ignored)
+    try:
+        config = ModelConfig.model_validate(raw)
+    except ValidationError as exc:
+        raise ConfigError(f"{path}: {_describe(exc)}") from None
+    if config.name != default_name:
+        raise ConfigError(
+            f"{path}: name: {config.name!r} does not match its directory {default_name!r}"
+        )
+    return config
+
+
+def _describe(exc: ValidationError) -> str:
+    problems = []
+    for error in exc.errors():
+        where = ".".join(str(part) for part in error["loc"]) or "config"
+        message = str(error["msg"]).removeprefix("Value error, ")
+        problems.append(f"{where}: {message}")
+    return "; ".join(problems)

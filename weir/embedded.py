@@ -1,0 +1,123 @@
+"""``weir up``: the whole mesh on one machine, no Docker.
+
+Starts a private redis-server, then one gateway, one batcher and one CPU worker pool as
+child processes, each in its own session so that a Ctrl-C reaches only this supervisor.
+It prints where it listens once the gateway reports ready. On SIGINT/SIGTERM, or when any
+child dies, it stops the children in data-flow order (gateway, batcher, worker, so each
+drains into a live next stage) and then Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+import time
+
+from weir.redis_server import RedisServer
+from weir.service import Service
+from weir.settings import UpSettings
+
+logger = logging.getLogger(__name__)
+
+SERVICES: list[tuple[str, list[str]]] = [
+    ("gateway", ["gateway"]),
+    ("batcher", ["batcher"]),
+    ("worker-cpu", ["worker", "--pool", "cpu"]),
+]
+
+
+class Embedded(Service):
+    """Supervises redis-server and one process per mesh service."""
+
+    name = "weir up"
+
+    def __init__(self, settings: UpSettings) -> None:
+        super().__init__(settings.shutdown_grace_s)
+        self.settings = settings
+        self.redis = RedisServer(settings.redis_port, settings.redis_server)
+        self.children: dict[str, asyncio.subprocess.Process] = {}
+        self.exit_code = 0
+
+    def _environment(self) -> dict[str, str]:
+        env = dict(os.environ)
+        env.update(
+            WEIR_REDIS_URL=self.redis.url,
+            WEIR_REPOSITORY=str(self.settings.repository.resolve()),
+            WEIR_LOG_LEVEL=self.settings.log_level,
+            WEIR_GATEWAY_HTTP_PORT=str(self.settings.http_port),
+        )
+        return env
+
+    async def startup(self) -> None:
+        await asyncio.to_thread(self.redis.start)
+        env = self._environment()
+        for name, args in SERVICES:
+            self.children[name] = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "weir.cli", *args, env=env, start_new_session=True
+            )
+        await self._wait_ready()
+        print(
+            f"Weir is up: http://127.0.0.1:{self.settings.http_port}/v2 "
+            f"(KServe v2 / Triton HTTP), repository {self.settings.repository.resolve()}, "
+            f"redis {self.redis.url}. Ctrl-C stops it.",
+            flush=True,
+        )
+
+    async def _wait_ready(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while not await _http_ok(self.settings.http_port, "/v2/health/ready"):
+            if self._dead_child() or time.monotonic() > deadline or self.should_exit.is_set():
+                raise RuntimeError(
+                    f"the mesh did not become ready ({self._dead_child() or 'timeout'})"
+                )
+            await asyncio.sleep(0.2)
+
+    def _dead_child(self) -> str | None:
+        return next((n for n, p in self.children.items() if p.returncode is not None), None)
+
+    async def run(self) -> None:
+        waits = [asyncio.ensure_future(p.wait()) for p in self.children.values()]
+        exiting = asyncio.ensure_future(self.should_exit.wait())
+        await asyncio.wait([*waits, exiting], return_when=asyncio.FIRST_COMPLETED)
+        for waiter in [*waits, exiting]:
+            waiter.cancel()
+        dead = self._dead_child()
+        if dead and not self.should_exit.is_set():
+            logger.error("%s exited with %s; stopping", dead, self.children[dead].returncode)
+            self.exit_code = 1
+
+    async def shutdown(self) -> None:
+        for name, _ in SERVICES:
+            process = self.children.get(name)
+            if process is not None and process.returncode is None:
+                await _stop(process, self.settings.shutdown_grace_s + 5)
+        await asyncio.to_thread(self.redis.stop)
+
+
+async def _stop(process: asyncio.subprocess.Process, timeout_s: float) -> None:
+    process.send_signal(signal.SIGTERM)
+    try:
+        await asyncio.wait_for(process.wait(), timeout_s)
+    except TimeoutError:
+        process.kill()
+        await process.wait()
+
+
+async def _http_ok(port: int, path: str) -> bool:
+    try:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    except OSError:
+        return False
+    try:
+        writer.write(
+            f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
+        )
+        status = await reader.readline()
+        return status.split(b" ")[1:2] == [b"200"]
+    except OSError:
+        return False
+    finally:
+        writer.close()

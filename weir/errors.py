@@ -1,0 +1,100 @@
+"""Errors that carry their HTTP meaning.
+
+A service raises one of these; the gateway maps it once to a status code and renders it in
+the KServe error shape ``{"error": "..."}``. Errors cross the mesh as ``(kind, message)`` so
+a worker's failure reaches the client with the same meaning it had where it happened.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ErrorKind(StrEnum):
+    """The meaning of an error, independent of the transport that carries it."""
+
+    INVALID = "invalid"
+    NOT_FOUND = "not_found"
+    TOO_LARGE = "too_large"
+    UNAVAILABLE = "unavailable"
+    TIMEOUT = "timeout"
+    INTERNAL = "internal"
+
+
+HTTP_STATUS: dict[ErrorKind, int] = {
+    ErrorKind.INVALID: 400,
+    ErrorKind.NOT_FOUND: 404,
+    ErrorKind.TOO_LARGE: 413,
+    ErrorKind.UNAVAILABLE: 503,
+    ErrorKind.TIMEOUT: 504,
+    ErrorKind.INTERNAL: 500,
+}
+
+
+class WeirError(Exception):
+    """Base of every error Weir reports to a client."""
+
+    kind: ErrorKind = ErrorKind.INTERNAL
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    @property
+    def http_status(self) -> int:
+        return HTTP_STATUS[self.kind]
+
+    @staticmethod
+    def of_kind(kind: str, message: str) -> WeirError:
+        """Rebuild an error that crossed the mesh as ``(kind, message)``."""
+        try:
+            cls = _BY_KIND[ErrorKind(kind)]
+        except ValueError:
+            cls = ServerError
+        return cls(message)
+
+
+class InvalidInput(WeirError):
+    """The request is malformed or does not match the model's config (400)."""
+
+    kind = ErrorKind.INVALID
+
+
+class NotFound(WeirError):
+    """Unknown model or version (404)."""
+
+    kind = ErrorKind.NOT_FOUND
+
+
+class BodyTooLarge(WeirError):
+    """The request body is over the configured limit (413)."""
+
+    kind = ErrorKind.TOO_LARGE
+
+
+class Unavailable(WeirError):
+    """The mesh cannot take the request now (503)."""
+
+    kind = ErrorKind.UNAVAILABLE
+
+
+class DeadlineExceeded(WeirError):
+    """The request's deadline passed before it was answered (504)."""
+
+    kind = ErrorKind.TIMEOUT
+
+
+class ServerError(WeirError):
+    """A failure inside Weir or the model (500)."""
+
+    kind = ErrorKind.INTERNAL
+
+
+class ConfigError(Exception):
+    """A model repository entry is invalid; the message names the file and the field."""
+
+
+_BY_KIND: dict[ErrorKind, type[WeirError]] = {
+    cls.kind: cls
+    for cls in (InvalidInput, NotFound, BodyTooLarge, Unavailable, DeadlineExceeded, ServerError)
+}

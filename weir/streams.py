@@ -1,0 +1,67 @@
+"""One small class that owns the consumer-group side of the mesh's streams.
+
+A service creates its group on each stream it reads (only BUSYGROUP is ignored), reads new
+entries from many streams in one ``XREADGROUP`` with ``BLOCK``/``COUNT``, and acks
+explicitly, inside the same transaction that writes the entry's effect, so nothing is acked
+before what it produced is in Redis.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import ResponseError
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stream entry as read through a group."""
+
+    stream: str
+    id: bytes
+    fields: dict[bytes, bytes]
+
+
+class StreamGroup:
+    """A consumer in one consumer group, over any number of streams."""
+
+    def __init__(self, redis: Redis, group: str, consumer: str) -> None:
+        self.redis = redis
+        self.group = group
+        self.consumer = consumer
+
+    async def ensure(self, streams: list[str]) -> None:
+        """Create the group on each stream (and the stream itself) if missing."""
+        for stream in streams:
+            try:
+                await self.redis.xgroup_create(stream, self.group, id="0", mkstream=True)
+            except ResponseError as exc:
+                if "BUSYGROUP" not in str(exc):
+                    raise
+
+    async def read(self, streams: list[str], count: int, block_ms: int) -> list[Entry]:
+        """New entries from any of ``streams``: at most ``count`` per stream."""
+        if not streams:
+            return []
+        reply = await self.redis.xreadgroup(
+            self.group,
+            self.consumer,
+            dict.fromkeys(streams, ">"),
+            count=count,
+            block=block_ms,
+        )
+        return [
+            Entry(_text(stream), entry_id, fields)
+            for stream, entries in reply or []
+            for entry_id, fields in entries
+        ]
+
+    def ack(self, pipe: Pipeline, stream: str, ids: list[bytes]) -> None:
+        """Queue the ack of ``ids`` on ``pipe``; it happens when the pipe executes."""
+        pipe.xack(stream, self.group, *ids)
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value

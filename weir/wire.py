@@ -1,0 +1,142 @@
+"""The wire format inside the mesh: one msgpack map per stream entry.
+
+A request entry carries ``id``, ``model``, ``version``, ``inputs`` (name -> tensor map),
+the requested ``outputs``, ``parameters``, ``deadline_ms`` (unix ms), ``reply_to`` (the
+gateway's reply stream) and ``ts`` (unix ns stamps for the metrics). A reply carries the
+same ``id`` with either ``outputs`` or ``error`` as ``[kind, message]``.
+
+Stream entries hold the encoded map under one field (``m``); a request entry also holds its
+batch size under ``n`` so the batcher can form batches without decoding tensors.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgpack
+
+from weir.errors import WeirError
+from weir.tensors import Tensor
+
+PAYLOAD = b"m"
+BATCH_SIZE = b"n"
+
+
+def now_ns() -> int:
+    """Wall-clock stamp shared by every process of the mesh."""
+    return time.time_ns()
+
+
+def _pack(value: dict[str, Any]) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _unpack(raw: bytes) -> dict[str, Any]:
+    value = msgpack.unpackb(raw, raw=False)
+    if not isinstance(value, dict):
+        raise ValueError("mesh entry is not a msgpack map")
+    return value
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """One inference request as it travels from the gateway to a worker."""
+
+    id: str
+    model: str
+    version: str
+    inputs: dict[str, Tensor]
+    reply_to: str
+    deadline_ms: int
+    outputs: list[str] = field(default_factory=list)
+    parameters: dict[str, Any] = field(default_factory=dict)
+    ts: dict[str, int] = field(default_factory=dict)
+
+    def encode(self) -> bytes:
+        return _pack(
+            {
+                "id": self.id,
+                "model": self.model,
+                "version": self.version,
+                "inputs": {name: t.to_wire() for name, t in self.inputs.items()},
+                "outputs": self.outputs,
+                "parameters": self.parameters,
+                "deadline_ms": self.deadline_ms,
+                "reply_to": self.reply_to,
+                "ts": self.ts,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> InferRequest:
+        m = _unpack(raw)
+        return cls(
+            id=m["id"],
+            model=m["model"],
+            version=m["version"],
+            inputs={name: Tensor.from_wire(t) for name, t in m["inputs"].items()},
+            outputs=list(m["outputs"]),
+            parameters=dict(m["parameters"]),
+            deadline_ms=int(m["deadline_ms"]),
+            reply_to=m["reply_to"],
+            ts=dict(m["ts"]),
+        )
+
+
+@dataclass(slots=True)
+class InferReply:
+    """The answer to one request: outputs, or an error kind and message."""
+
+    id: str
+    model: str
+    version: str
+    outputs: dict[str, Tensor] = field(default_factory=dict)
+    error: tuple[str, str] | None = None
+    ts: dict[str, int] = field(default_factory=dict)
+
+    @classmethod
+    def failure(cls, request: InferRequest, error: WeirError) -> InferReply:
+        return cls(request.id, request.model, request.version, error=(error.kind, error.message))
+
+    def raise_for_error(self) -> None:
+        if self.error is not None:
+            raise WeirError.of_kind(*self.error)
+
+    def encode(self) -> bytes:
+        return _pack(
+            {
+                "id": self.id,
+                "model": self.model,
+                "version": self.version,
+                "outputs": {name: t.to_wire() for name, t in self.outputs.items()},
+                "error": list(self.error) if self.error else None,
+                "ts": self.ts,
+            }
+        )
+
+    @classmethod
+    def decode(cls, raw: bytes) -> InferReply:
+        m = _unpack(raw)
+        error = m.get("error")
+        return cls(
+            id=m["id"],
+            model=m["model"],
+            version=m["version"],
+            outputs={name: Tensor.from_wire(t) for name, t in m["outputs"].items()},
+            error=(str(error[0]), str(error[1])) if error else None,
+            ts=dict(m["ts"]),
+        )
+
+
+def encode_batch(payloads: list[bytes]) -> bytes:
+    """A batch entry: the member requests' encoded payloads, in arrival order."""
+    return msgpack.packb(payloads, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def decode_batch(raw: bytes) -> list[bytes]:
+    payloads = msgpack.unpackb(raw, raw=False)
+    if not isinstance(payloads, list):
+        raise ValueError("batch entry is not a msgpack list")
+    return payloads

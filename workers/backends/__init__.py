@@ -1,0 +1,20 @@
+"""Backends by Triton's names. Each is imported only when a model needs it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from weir.config import Backend, ModelConfig
+from weir.errors import ConfigError
+from workers.backends.base import ModelBackend
+
+
+def load_backend(config: ModelConfig, version_dir: Path) -> ModelBackend:
+    """Load one instance of ``config``'s model from ``version_dir``."""
+    if config.backend is Backend.PYTORCH:
+        from workers.backends.torch_backend import TorchBackend
+
+        return TorchBackend(config, version_dir)
+    raise ConfigError(
+        f"{version_dir}: backend {config.backend.value!r} is not available in this worker yet"
+    )

@@ -1,0 +1,95 @@
+"""PyTorch backend: TorchScript (``model.pt``) and ``torch.export`` programs (``model.pt2``).
+
+Neither format is loaded by unpickling arbitrary objects. Inputs bind to ``forward()``
+arguments by name when every config input names one, else in config order. Outputs map to
+config outputs by name when the model returns a dict, else in order.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from weir.config import ModelConfig
+from weir.errors import ConfigError, ServerError
+from workers.backends.base import ModelBackend
+
+logger = logging.getLogger(__name__)
+
+TORCHSCRIPT_FILE = "model.pt"
+EXPORT_FILE = "model.pt2"
+
+
+class TorchBackend(ModelBackend):
+    """One instance of a PyTorch model, on the CPU."""
+
+    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
+        self.config = config
+        self.module, arg_names = _load(version_dir)
+        self.input_order = _bind_inputs(config, arg_names)
+        self.output_names = [spec.name for spec in config.output]
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            args = [torch.from_numpy(inputs[name]) for name in self.input_order]
+            result = self.module(*args)
+        return self._name_outputs(result)
+
+    def _name_outputs(self, result: Any) -> dict[str, np.ndarray]:
+        if isinstance(result, dict):
+            missing = [name for name in self.output_names if name not in result]
+            if missing:
+                raise ServerError(f"model returned no output named {', '.join(missing)}")
+            return {name: _to_numpy(result[name]) for name in self.output_names}
+        values = list(result) if isinstance(result, (tuple, list)) else [result]
+        if len(values) != len(self.output_names):
+            raise ServerError(
+                f"model returned {len(values)} outputs, config declares {len(self.output_names)}"
+            )
+        return {name: _to_numpy(v) for name, v in zip(self.output_names, values, strict=True)}
+
+
+def _to_numpy(value: Any) -> np.ndarray:
+    if not isinstance(value, torch.Tensor):
+        raise ServerError(f"model returned {type(value).__name__}, expected a tensor")
+    return value.detach().cpu().contiguous().numpy()
+
+
+def _load(version_dir: Path) -> tuple[Callable[..., Any], list[str]]:
+    scripted = version_dir / TORCHSCRIPT_FILE
+    exported = version_dir / EXPORT_FILE
+    if scripted.is_file():
+        module = torch.jit.load(str(scripted), map_location="cpu")
+        module.eval()
+        args = [arg.name for arg in module.forward.schema.arguments[1:]]
+        return module, args
+    if exported.is_file():
+        program = torch.export.load(str(exported))
+        module = program.module()
+        return module, _export_arg_names(program)
+    raise ConfigError(f"{version_dir}: no {TORCHSCRIPT_FILE} or {EXPORT_FILE}")
+
+
+def _export_arg_names(program: Any) -> list[str]:
+    try:
+        return list(inspect.signature(program.module().forward).parameters)
+    except (TypeError, ValueError):
+        return []
+
+
+def _bind_inputs(config: ModelConfig, arg_names: list[str]) -> list[str]:
+    config_names = [spec.name for spec in config.input]
+    if sorted(config_names) == sorted(arg_names):
+        return arg_names
+    if arg_names and len(arg_names) != len(config_names):
+        raise ConfigError(
+            f"model {config.name}: forward() takes {len(arg_names)} inputs "
+            f"({', '.join(arg_names)}), config declares {len(config_names)}"
+        )
+    return config_names

@@ -1,0 +1,123 @@
+"""Running one batch: concatenate the members' inputs, run the backend, split the outputs.
+
+Members whose non-batch dimensions differ cannot share one tensor, so a batch runs as one
+backend call per run of members with equal shapes. Every call must return one output row
+per input row; a call that fails fails each of its members with the same error.
+"""
+
+from __future__ import annotations
+
+import logging
+from itertools import groupby
+
+import numpy as np
+
+from weir import datatypes
+from weir.config import ModelConfig
+from weir.errors import ServerError, WeirError
+from weir.tensors import Tensor
+from weir.wire import InferReply, InferRequest, now_ns
+from workers.backends.base import ModelBackend
+
+logger = logging.getLogger(__name__)
+
+
+class BatchRunner:
+    """Runs batches of one model on one backend instance."""
+
+    def __init__(self, config: ModelConfig, backend: ModelBackend) -> None:
+        self.config = config
+        self.backend = backend
+        self.batches = config.max_batch_size > 0
+
+    def run(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[int]]:
+        """One reply per request, in order, and the batch size of each backend call made.
+
+        Called in an executor thread.
+        """
+        replies: list[InferReply] = []
+        executions: list[int] = []
+        for _, group in groupby(requests, key=self._shape_key):
+            members = list(group)
+            replies.extend(self._run_group(members))
+            executions.append(sum(self._rows(r) for r in members))
+        return replies, executions
+
+    def _shape_key(self, request: InferRequest) -> tuple[tuple[int, ...], ...]:
+        skip = 1 if self.batches else 0
+        return tuple(request.inputs[spec.name].shape[skip:] for spec in self.config.input)
+
+    def _run_group(self, members: list[InferRequest]) -> list[InferReply]:
+        try:
+            return self._execute(members)
+        except WeirError as exc:
+            return [InferReply.failure(r, exc) for r in members]
+        except Exception as exc:
+            logger.exception("model %s failed on a batch of %d", self.config.name, len(members))
+            error = ServerError(f"model '{self.config.name}' failed: {type(exc).__name__}: {exc}")
+            return [InferReply.failure(r, error) for r in members]
+
+    def _execute(self, members: list[InferRequest]) -> list[InferReply]:
+        started = now_ns()
+        sizes = [self._rows(r) for r in members]
+        inputs = {spec.name: self._gather(spec.name, members) for spec in self.config.input}
+        computed = now_ns()
+        outputs = self.backend.infer(inputs)
+        inferred = now_ns()
+        per_member = self._split(outputs, sizes)
+        replies = [self._reply(r, out) for r, out in zip(members, per_member, strict=True)]
+        done = now_ns()
+        stamps = {
+            "compute_start": started,
+            "compute_input_end": computed,
+            "compute_infer_end": inferred,
+            "compute_end": done,
+        }
+        for reply in replies:
+            reply.ts.update(stamps)
+        return replies
+
+    def _rows(self, request: InferRequest) -> int:
+        if not self.batches:
+            return 1
+        return next(iter(request.inputs.values())).shape[0]
+
+    def _gather(self, name: str, members: list[InferRequest]) -> np.ndarray:
+        arrays = [r.inputs[name].to_numpy() for r in members]
+        if not self.batches:
+            return arrays[0].copy()
+        # concatenate copies, so the backend gets a writable array it may hand to torch.
+        return np.concatenate(arrays, axis=0)
+
+    def _split(
+        self, outputs: dict[str, np.ndarray], sizes: list[int]
+    ) -> list[dict[str, np.ndarray]]:
+        if not self.batches:
+            return [outputs]
+        total = sum(sizes)
+        for name, array in outputs.items():
+            if array.ndim == 0 or array.shape[0] != total:
+                raise ServerError(
+                    f"model '{self.config.name}' returned {name} with shape {list(array.shape)} "
+                    f"for a batch of {total}: one output row per input row is required"
+                )
+        bounds = np.cumsum(sizes)[:-1]
+        split = {name: np.split(array, bounds) for name, array in outputs.items()}
+        return [{name: parts[i] for name, parts in split.items()} for i in range(len(sizes))]
+
+    def _reply(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> InferReply:
+        wanted = request.outputs or [spec.name for spec in self.config.output]
+        tensors = {name: self._tensor(name, outputs[name]) for name in wanted}
+        return InferReply(request.id, request.model, request.version, tensors, ts=dict(request.ts))
+
+    def _tensor(self, name: str, array: np.ndarray) -> Tensor:
+        spec = self.config.output_spec(name)
+        if spec is None:
+            raise ServerError(f"model '{self.config.name}' has no output {name}")
+        actual = datatypes.datatype_of(array)
+        if actual != spec.datatype:
+            raise ServerError(
+                f"model '{self.config.name}' returned {name} as {actual}, "
+                f"config says {spec.datatype}"
+            )
+        return Tensor.from_numpy(array, spec.datatype)

@@ -1,0 +1,134 @@
+"""A worker pool process: loads the models its pool serves and runs their batches.
+
+A model belongs to the pool its ``instance_group.kind`` names: ``KIND_CPU`` to ``cpu``,
+``KIND_GPU`` to ``gpu``; ``KIND_AUTO`` and ``KIND_MODEL`` run in the ``cpu`` pool. Each
+instance gets an executor thread. The worker heartbeats with a TTL key listing what it
+serves. On SIGTERM it stops reading, finishes and acks the batches it took, and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+
+import msgpack
+
+from weir import names
+from weir.config import InstanceKind, ModelConfig
+from weir.connection import connect
+from weir.repository import Repository
+from weir.service import Service, TaskSet
+from weir.settings import WorkerSettings
+from weir.streams import StreamGroup
+from weir.trim import Trimmer
+from workers.backends import load_backend
+from workers.execution import BatchRunner
+from workers.lane import WorkerLane
+
+logger = logging.getLogger(__name__)
+
+POOL_KINDS: dict[str, frozenset[InstanceKind]] = {
+    "cpu": frozenset({InstanceKind.CPU, InstanceKind.AUTO, InstanceKind.MODEL}),
+    "gpu": frozenset({InstanceKind.GPU}),
+}
+
+
+def instance_count(config: ModelConfig, pool: str) -> int:
+    """How many instances of ``config`` this pool runs (0: not this pool's model)."""
+    kinds = POOL_KINDS.get(pool, frozenset())
+    return sum(group.count for group in config.instance_group if group.kind in kinds)
+
+
+class Worker(Service):
+    """Serves every model of one pool found in the repository."""
+
+    name = "worker"
+
+    def __init__(self, settings: WorkerSettings) -> None:
+        super().__init__(settings.shutdown_grace_s)
+        self.settings = settings
+        self.worker_id = f"{settings.pool}-{uuid.uuid4().hex[:12]}"
+        self.redis = connect(settings.redis_url)
+        self.group = StreamGroup(self.redis, names.WORKER_GROUP, self.worker_id)
+        self.lanes: list[WorkerLane] = []
+        self.tasks = TaskSet()
+        self.executor: ThreadPoolExecutor | None = None
+
+    async def startup(self) -> None:
+        if self.settings.pool not in POOL_KINDS:
+            raise ValueError(
+                f"unknown pool {self.settings.pool!r}; expected one of {sorted(POOL_KINDS)}"
+            )
+        self._configure_torch()
+        repository = Repository.load(self.settings.repository)
+        for entry in repository:
+            count = instance_count(entry.config, self.settings.pool)
+            for version in entry.versions if count else ():
+                runners = [
+                    BatchRunner(
+                        entry.config, load_backend(entry.config, entry.version_path(version))
+                    )
+                    for _ in range(count)
+                ]
+                self.lanes.append(WorkerLane(self.redis, self.group, entry, version, runners))
+        await self.group.ensure([lane.stream for lane in self.lanes])
+        instances = sum(len(lane.runners) for lane in self.lanes)
+        self.executor = ThreadPoolExecutor(max(instances, 1), thread_name_prefix="instance")
+        logger.info(
+            "worker %s serving %s with %d instances",
+            self.worker_id,
+            ", ".join(lane.label for lane in self.lanes) or "nothing",
+            instances,
+        )
+
+    def _configure_torch(self) -> None:
+        if self.settings.torch_threads:
+            import torch
+
+            torch.set_num_threads(self.settings.torch_threads)
+
+    async def run(self) -> None:
+        if self.executor is None:
+            raise RuntimeError("worker.run() before startup()")
+        executors = TaskSet()
+        for lane in self.lanes:
+            for runner in lane.runners:
+                executors.spawn(lane.execute(runner, self.executor), f"instance {lane.label}")
+        readers = [
+            self.tasks.spawn(
+                lane.read(self.should_exit, self.settings.block_ms), f"read {lane.label}"
+            )
+            for lane in self.lanes
+        ]
+        self.tasks.spawn(self._heartbeat(), "heartbeat")
+        trimmer = Trimmer(self.redis, names.WORKER_GROUP, [lane.stream for lane in self.lanes])
+        self.tasks.spawn(trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
+        await self.should_exit.wait()
+        await self._drain(readers)
+        await executors.cancel_all(self.settings.shutdown_grace_s)
+
+    async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
+        """Stop intake, then finish what was taken, within the grace period."""
+        await asyncio.wait(readers, timeout=self.settings.block_ms / 1000 + 1)
+        drains = [asyncio.ensure_future(lane.drain()) for lane in self.lanes]
+        if drains:
+            await asyncio.wait(drains, timeout=self.shutdown_grace_s)
+
+    async def _heartbeat(self) -> None:
+        key = names.worker_heartbeat(self.settings.pool, self.worker_id)
+        served = msgpack.packb([[lane.entry.name, lane.version] for lane in self.lanes])
+        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
+        while not self.should_exit.is_set():
+            await self.redis.set(key, served, px=ttl_ms)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.should_exit.wait(), self.settings.heartbeat_ttl_s / 3)
+        await self.redis.delete(key)
+
+    async def shutdown(self) -> None:
+        await self.tasks.cancel_all(self.settings.shutdown_grace_s)
+        if self.executor is not None:
+            self.executor.shutdown(wait=False, cancel_futures=True)
+        await self.redis.aclose()
