@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import cast
+
 import msgpack
 from redis.asyncio import Redis
 
@@ -16,5 +18,5 @@ async def served_models(redis: Redis) -> set[tuple[str, str]]:
     served: set[tuple[str, str]] = set()
     for value in await redis.mget(keys):
         if value is not None:
-            served.update((str(m), str(v)) for m, v in msgpack.unpackb(value))
+            served.update((str(m), str(v)) for m, v in msgpack.unpackb(cast(bytes, value)))
     return served

@@ -16,6 +16,7 @@ import uuid
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from gateway.codec import InferBody
 from weir import names, wire
@@ -82,7 +83,10 @@ class MeshClient:
         )
 
     async def _send(self, request: InferRequest, batch: int) -> None:
-        fields = {wire.PAYLOAD: request.encode(), wire.BATCH_SIZE: str(batch)}
+        fields: dict[FieldT, EncodableT] = {
+            wire.PAYLOAD: request.encode(),
+            wire.BATCH_SIZE: b"%d" % batch,
+        }
         try:
             await self.redis.xadd(names.request_stream(request.model, request.version), fields)
         except RedisError as exc:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from weir import __version__, datatypes
@@ -50,9 +51,11 @@ def model_config(entry: ModelEntry) -> dict[str, Any]:
     return raw
 
 
-def model_statistics(name: str, version: str, recorded: dict[bytes, bytes]) -> dict[str, Any]:
+def model_statistics(
+    name: str, version: str, recorded: Mapping[bytes | str, bytes | str]
+) -> dict[str, Any]:
     """Triton's statistics extension, from the counters the workers record per batch."""
-    counts = {k.decode(): int(v) for k, v in recorded.items()}
+    counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in recorded.items()}
     batches = sorted(
         (int(key.split(":", 1)[1]), count)
         for key, count in counts.items()

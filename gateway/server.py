@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import uvicorn
 
 from gateway.app import create_app
@@ -17,6 +19,6 @@ def serve(settings: GatewaySettings) -> None:
         http="auto",
         log_level=settings.log_level.lower(),
         access_log=False,
-        timeout_graceful_shutdown=settings.shutdown_grace_s,
+        timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
     uvicorn.Server(config).run()

@@ -9,6 +9,7 @@ before what it produced is in Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -52,9 +53,10 @@ class StreamGroup:
             count=count,
             block=block_ms,
         )
+        read = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]], reply or [])
         return [
             Entry(_text(stream), entry_id, fields)
-            for stream, entries in reply or []
+            for stream, entries in read
             for entry_id, fields in entries
         ]
 

@@ -30,7 +30,7 @@ def now_ns() -> int:
 
 
 def _pack(value: dict[str, Any]) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(value, use_bin_type=True)
 
 
 def _unpack(raw: bytes) -> dict[str, Any]:
@@ -132,7 +132,7 @@ class InferReply:
 
 def encode_batch(payloads: list[bytes]) -> bytes:
     """A batch entry: the member requests' encoded payloads, in arrival order."""
-    return msgpack.packb(payloads, use_bin_type=True)  # type: ignore[no-any-return]
+    return msgpack.packb(payloads, use_bin_type=True)
 
 
 def decode_batch(raw: bytes) -> list[bytes]:

@@ -65,20 +65,19 @@ def _load(version_dir: Path) -> tuple[Callable[..., Any], list[str]]:
     scripted = version_dir / TORCHSCRIPT_FILE
     exported = version_dir / EXPORT_FILE
     if scripted.is_file():
-        module = torch.jit.load(str(scripted), map_location="cpu")
+        module = torch.jit.load(str(scripted), map_location="cpu")  # type: ignore[no-untyped-call]
         module.eval()
         args = [arg.name for arg in module.forward.schema.arguments[1:]]
         return module, args
     if exported.is_file():
-        program = torch.export.load(str(exported))
-        module = program.module()
-        return module, _export_arg_names(program)
+        module = torch.export.load(str(exported)).module()
+        return module, _arg_names(module)
     raise ConfigError(f"{version_dir}: no {TORCHSCRIPT_FILE} or {EXPORT_FILE}")
 
 
-def _export_arg_names(program: Any) -> list[str]:
+def _arg_names(module: Any) -> list[str]:
     try:
-        return list(inspect.signature(program.module().forward).parameters)
+        return list(inspect.signature(module.forward).parameters)
     except (TypeError, ValueError):
         return []
 

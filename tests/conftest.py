@@ -1,0 +1,129 @@
+"""Shared fixtures: a real redis-server, the example repository, and a running mesh.
+
+The mesh fixture starts the real services as processes (``python -m weir.cli ...``), the
+way ``weir up`` and compose start them, against a private redis-server.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+import pytest
+
+from weir.redis_server import RedisServer, free_port
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples" / "models"
+BODY_LIMIT_BYTES = 2 * 1024 * 1024
+
+
+def load_build_models() -> ModuleType:
+    spec = importlib.util.spec_from_file_location(
+        "build_models", ROOT / "examples" / "build_models.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["build_models"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def build_models() -> ModuleType:
+    return load_build_models()
+
+
+@pytest.fixture(scope="session")
+def example_repository(build_models: ModuleType) -> Path:
+    build_models.build_repository(EXAMPLES)
+    return EXAMPLES
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[RedisServer]:
+    with RedisServer() as server:
+        yield server
+
+
+def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.05) -> None:  # type: ignore[no-untyped-def]
+    """Poll ``condition`` until it is true; fail the test naming ``what`` on timeout."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(interval_s)
+
+
+def http_ready(url: str) -> bool:
+    try:
+        return httpx.get(url, timeout=1.0).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@dataclass
+class Mesh:
+    """A running gateway, batcher and CPU worker pool."""
+
+    url: str
+    redis_url: str
+    repository: Path
+    processes: dict[str, subprocess.Popen[bytes]]
+
+    def stop(self) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        for process in self.processes.values():
+            try:
+                process.wait(20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | None = None) -> Mesh:
+    port = free_port()
+    env = {
+        **os.environ,
+        "WEIR_REDIS_URL": redis_url,
+        "WEIR_REPOSITORY": str(repository),
+        "WEIR_GATEWAY_HTTP_PORT": str(port),
+        "WEIR_GATEWAY_HOST": "127.0.0.1",
+        "WEIR_GATEWAY_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
+        "WEIR_WORKER_TORCH_THREADS": "1",
+        **(env_extra or {}),
+    }
+    commands = {
+        "batcher": ["batcher"],
+        "worker": ["worker", "--pool", "cpu"],
+        "gateway": ["gateway"],
+    }
+    processes = {
+        name: subprocess.Popen([sys.executable, "-m", "weir.cli", *args], env=env, cwd=ROOT)
+        for name, args in commands.items()
+    }
+    mesh = Mesh(f"http://127.0.0.1:{port}", redis_url, repository, processes)
+    try:
+        wait_until(lambda: http_ready(f"{mesh.url}/v2/health/ready"), 60, "the mesh to be ready")
+    except BaseException:
+        mesh.stop()
+        raise
+    return mesh
+
+
+@pytest.fixture(scope="session")
+def mesh(redis_server: RedisServer, example_repository: Path) -> Iterator[Mesh]:
+    running = start_mesh(redis_server.url, example_repository)
+    yield running
+    running.stop()
