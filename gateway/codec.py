@@ -199,8 +199,9 @@ def _numeric(name: str, datatype: str, flat: list[Any]) -> np.ndarray:
         if _json_kind(element) not in _ACCEPTS[wanted]:
             raise InvalidInput(f"input '{name}': {element!r} is not a valid {datatype} value")
     try:
-        return np.array(flat, dtype=dtype)
-    except (OverflowError, ValueError) as exc:
+        with np.errstate(over="raise", invalid="ignore"):
+            return np.array(flat, dtype=dtype)
+    except (OverflowError, ValueError, FloatingPointError) as exc:
         raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
 
 

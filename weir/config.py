@@ -234,6 +234,8 @@ def _pick_backend(raw: dict[str, Any]) -> None:
 
 def _flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
     # Triton writes parameters as {key: {string_value: "..."}}; plain values are accepted too.
+    if not isinstance(raw, dict):
+        raise ValueError("parameters must be a mapping of names to values")
     flat: dict[str, str] = {}
     for key, value in raw.items():
         if isinstance(value, dict) and "string_value" in value:

@@ -43,9 +43,13 @@ class BatchRunner:
             executions.append(sum(self._rows(r) for r in members))
         return replies, executions
 
-    def _shape_key(self, request: InferRequest) -> tuple[tuple[int, ...], ...]:
+    def _shape_key(self, request: InferRequest) -> tuple[tuple[int, ...] | None, ...]:
+        # Members batch together only when they carry the same inputs with the same shapes.
         skip = 1 if self.batches else 0
-        return tuple(request.inputs[spec.name].shape[skip:] for spec in self.config.input)
+        return tuple(
+            request.inputs[spec.name].shape[skip:] if spec.name in request.inputs else None
+            for spec in self.config.input
+        )
 
     def _run_group(self, members: list[InferRequest]) -> list[InferReply]:
         try:
@@ -60,7 +64,8 @@ class BatchRunner:
     def _execute(self, members: list[InferRequest]) -> list[InferReply]:
         started = now_ns()
         sizes = [self._rows(r) for r in members]
-        inputs = {spec.name: self._gather(spec.name, members) for spec in self.config.input}
+        present = [spec.name for spec in self.config.input if spec.name in members[0].inputs]
+        inputs = {name: self._gather(name, members) for name in present}
         computed = now_ns()
         outputs = self.backend.infer(inputs)
         inferred = now_ns()
