@@ -8,7 +8,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 HTTP_PORT ?= 8000
 
-.PHONY: install models up test lint format clean
+.PHONY: install models up test lint format bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -28,6 +28,13 @@ up: models
 
 test: models
 	$(BIN)/python -m pytest
+
+# The benchmark (bench/README.md): raw torch, a naive FastAPI baseline and Weir, one run.
+# It installs what only it needs (matplotlib, psutil; wrk with apt-get when missing).
+# Options: make bench BENCH_ARGS="--models tiny_mlp --duration-s 4"
+bench: models
+	$(BIN)/python -m pip install --quiet matplotlib psutil
+	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -1,16 +1,21 @@
-"""When a batch leaves: Triton's dynamic batching rule, as a pure queue.
+"""When a batch leaves: Triton's dynamic batching rule, work-conserving, as a pure queue.
 
-Requests keep arrival order. A request's own leading dimension counts toward the batch.
-A batch leaves at once when it can be formed at a preferred size (the largest one that
-can), or when the queue holds a full batch (``max_batch_size`` reached, or the next
-request would not fit); otherwise it waits until its oldest request has waited
-``max_queue_delay``, then leaves with as much as fits. With no delay a batch leaves as soon
-as anything is queued.
+Requests wait in priority levels (level 0 first), in arrival order within a level. A
+request's own leading dimension counts toward the batch. A batch leaves at once when it
+can be formed at a preferred size (the largest one that can), when the queue holds a full
+batch (``max_batch_size`` reached, or the next request would not fit), or, being
+work-conserving, when some worker instance is idle (``eager``): then it takes what is
+queued. Otherwise it waits until its oldest request has waited ``max_queue_delay``. With no
+delay a batch leaves as soon as anything is queued. Requests whose deadline passed are
+taken out apart, to be answered with an error instead of run.
 """
 
 from __future__ import annotations
 
+import itertools
+import math
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -23,6 +28,10 @@ class Queued:
     size: int
     payload: bytes
     arrived_s: float
+    deadline_ms: int = 0
+    level: int = 0
+    request_id: str = ""
+    reply_to: str = ""
 
 
 class BatchQueue:
@@ -33,44 +42,86 @@ class BatchQueue:
         max_batch_size: int,
         preferred_sizes: tuple[int, ...] = (),
         max_queue_delay_s: float = 0.0,
+        priority_levels: int = 1,
     ) -> None:
         self.max_batch_size = max(max_batch_size, 1)
         self.preferred_sizes = frozenset(preferred_sizes)
         self.max_queue_delay_s = max_queue_delay_s
-        self.items: deque[Queued] = deque()
+        self.levels: list[deque[Queued]] = [deque() for _ in range(max(priority_levels, 1))]
+        self._count = 0
+        self._next_expiry_ms = math.inf
 
     def __len__(self) -> int:
-        return len(self.items)
+        return self._count
 
     def add(self, item: Queued) -> None:
-        self.items.append(item)
+        level = min(max(item.level, 0), len(self.levels) - 1)
+        self.levels[level].append(item)
+        self._count += 1
+        if item.deadline_ms:
+            self._next_expiry_ms = min(self._next_expiry_ms, item.deadline_ms)
+
+    def restore(self, items: list[Queued]) -> None:
+        """Put back a batch that could not be sent, ahead of everything, in its order."""
+        for item in reversed(items):
+            self.levels[min(max(item.level, 0), len(self.levels) - 1)].appendleft(item)
+            self._count += 1
+            if item.deadline_ms:
+                self._next_expiry_ms = min(self._next_expiry_ms, item.deadline_ms)
+
+    def _ordered(self) -> Iterator[Queued]:
+        return itertools.chain.from_iterable(self.levels)
 
     def deadline_s(self) -> float | None:
         """When the oldest request's delay runs out (monotonic), or None if empty."""
-        if not self.items:
-            return None
-        return self.items[0].arrived_s + self.max_queue_delay_s
+        oldest = min((level[0].arrived_s for level in self.levels if level), default=None)
+        return None if oldest is None else oldest + self.max_queue_delay_s
 
-    def take(self, now_s: float) -> list[Queued]:
+    def drop_expired(self, now_ms: float) -> list[Queued]:
+        """Remove and return every request whose deadline has passed."""
+        if now_ms < self._next_expiry_ms:
+            return []
+        expired: list[Queued] = []
+        self._next_expiry_ms = math.inf
+        for i, level in enumerate(self.levels):
+            keep: deque[Queued] = deque()
+            for item in level:
+                if item.deadline_ms and item.deadline_ms <= now_ms:
+                    expired.append(item)
+                    continue
+                keep.append(item)
+                if item.deadline_ms:
+                    self._next_expiry_ms = min(self._next_expiry_ms, item.deadline_ms)
+            self.levels[i] = keep
+        self._count -= len(expired)
+        return expired
+
+    def take(self, now_s: float, eager: bool = False) -> list[Queued]:
         """The batch that should leave now, removed from the queue; empty if none should."""
-        count = self._ready_count(now_s)
-        return [self.items.popleft() for _ in range(count)]
+        count = self._ready_count(now_s, eager)
+        batch: list[Queued] = []
+        for level in self.levels:
+            while level and len(batch) < count:
+                batch.append(level.popleft())
+        self._count -= len(batch)
+        return batch
 
-    def _ready_count(self, now_s: float) -> int:
-        if not self.items:
+    def _ready_count(self, now_s: float, eager: bool) -> int:
+        if not self._count:
             return 0
         totals = self._fitting_totals()
         preferred = [n for n, total in enumerate(totals, 1) if total in self.preferred_sizes]
         if preferred:
             return preferred[-1]
-        full = len(totals) < len(self.items) or totals[-1] >= self.max_batch_size
-        expired = now_s >= self.items[0].arrived_s + self.max_queue_delay_s
-        return len(totals) if full or expired else 0
+        full = len(totals) < self._count or totals[-1] >= self.max_batch_size
+        deadline = self.deadline_s()
+        expired = deadline is not None and now_s >= deadline
+        return len(totals) if full or expired or eager else 0
 
     def _fitting_totals(self) -> list[int]:
         """Running batch sizes of the longest prefix that fits (at least one request)."""
         totals: list[int] = []
-        for total in accumulate(item.size for item in self.items):
+        for total in accumulate(item.size for item in self._ordered()):
             if total > self.max_batch_size and totals:
                 break
             totals.append(total)

@@ -1,10 +1,10 @@
 """The batcher service: request streams in, batch streams out.
 
-One reader task reads every request stream of the repository through the ``batcher``
-consumer group (many entries per ``XREADGROUP``) and queues each entry on its model's
-:class:`~batcher.policy.BatchQueue`. One dispatcher task per (model, version) waits on an
-event, or on the oldest request's delay, and writes each batch that leaves together with
-the ack of its requests in one transaction: nothing is acked before its batch is written.
+One reader task reads every request stream and every credit stream of the repository
+through the ``batcher`` consumer group (many entries per ``XREADGROUP``) and hands each entry
+to its model's :class:`~batcher.lane.BatcherLane`; one dispatcher task per lane sends the
+batches. Entries left pending by a batcher that died are claimed by a live one. On SIGTERM
+the batcher stops reading and flushes what its lanes hold.
 """
 
 from __future__ import annotations
@@ -14,77 +14,23 @@ import logging
 import time
 import uuid
 
-from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
-from batcher.policy import BatchQueue, Queued
-from weir import names, wire
+from batcher.lane import BatcherLane
+from weir import names
 from weir.connection import connect
-from weir.repository import ModelEntry, Repository
+from weir.liveness import Heartbeat, live_consumers
+from weir.reclaim import Reclaimer
+from weir.repository import Repository
 from weir.service import Service, TaskSet
 from weir.settings import BatcherSettings
 from weir.streams import Entry, StreamGroup
 from weir.trim import Trimmer
+from weir.workload import served_instances
 
 logger = logging.getLogger(__name__)
 
-
-class ModelLane:
-    """The queue and the dispatcher of one (model, version)."""
-
-    def __init__(self, redis: Redis, group: StreamGroup, entry: ModelEntry, version: str) -> None:
-        self.redis = redis
-        self.group = group
-        self.request_stream = names.request_stream(entry.name, version)
-        self.batch_stream = names.batch_stream(entry.name, version)
-        batching = entry.config.dynamic_batching
-        # Without dynamic_batching every request is its own batch, as Triton's default scheduler.
-        self.queue = BatchQueue(
-            entry.config.max_batch_size if batching else 1,
-            batching.preferred_batch_size if batching else (),
-            batching.max_queue_delay_microseconds / 1e6 if batching else 0.0,
-        )
-        self.batches = entry.config.max_batch_size > 0
-        self.arrived = asyncio.Event()
-
-    def add(self, entry: Entry, now_s: float) -> None:
-        size = int(entry.fields.get(wire.BATCH_SIZE, b"1")) if self.batches else 1
-        self.queue.add(Queued(entry.id, size, entry.fields[wire.PAYLOAD], now_s))
-        self.arrived.set()
-
-    async def dispatch(self, should_exit: asyncio.Event) -> None:
-        """Send batches as the rule lets them leave, until told to exit and empty."""
-        while not (should_exit.is_set() and not self.queue):
-            await self._wait_for_batch(should_exit)
-            batch = self.queue.take(time.monotonic())
-            # On exit whatever is queued leaves now rather than waiting out its delay.
-            if not batch and should_exit.is_set():
-                batch = self.queue.take(float("inf"))
-            if batch:
-                await self._send(batch)
-
-    async def _wait_for_batch(self, should_exit: asyncio.Event) -> None:
-        deadline = self.queue.deadline_s()
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if should_exit.is_set() or timeout == 0.0:
-            return
-        self.arrived.clear()
-        waiters = [
-            asyncio.ensure_future(self.arrived.wait()),
-            asyncio.ensure_future(should_exit.wait()),
-        ]
-        try:
-            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            for waiter in waiters:
-                waiter.cancel()
-
-    async def _send(self, batch: list[Queued]) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            pipe.xadd(
-                self.batch_stream, {wire.PAYLOAD: wire.encode_batch([q.payload for q in batch])}
-            )
-            self.group.ack(pipe, self.request_stream, [q.entry_id for q in batch])
-            await pipe.execute()
+RETRY_READ_S = 0.5
 
 
 class Batcher(Service):
@@ -95,29 +41,37 @@ class Batcher(Service):
     def __init__(self, settings: BatcherSettings) -> None:
         super().__init__(settings.shutdown_grace_s)
         self.settings = settings
-        self.redis = connect(settings.redis_url)
-        self.group = StreamGroup(
-            self.redis, names.BATCHER_GROUP, f"batcher-{uuid.uuid4().hex[:12]}"
+        self.consumer = f"batcher-{uuid.uuid4().hex[:12]}"
+        self.redis = connect(settings.redis_url, retries=settings.redis_retries)
+        self.group = StreamGroup(self.redis, names.BATCHER_GROUP, self.consumer)
+        self.reclaimer = Reclaimer(self.group, settings.reclaim_idle_ms)
+        self.heartbeat = Heartbeat(
+            self.redis, names.BATCHER_GROUP, self.consumer, settings.heartbeat_ttl_s, bytes
         )
-        self.lanes: dict[str, ModelLane] = {}
+        self.lanes: dict[str, BatcherLane] = {}
+        self.routes: dict[str, tuple[BatcherLane, bool]] = {}
         self.tasks = TaskSet()
 
     async def startup(self) -> None:
         repository = Repository.load(self.settings.repository)
         for entry in repository:
-            for version in entry.versions:
-                lane = ModelLane(self.redis, self.group, entry, version)
+            for version in () if entry.config.is_ensemble else entry.versions:
+                lane = BatcherLane(self.redis, self.group, entry, version)
                 self.lanes[lane.request_stream] = lane
-        await self.group.ensure(list(self.lanes))
-        logger.info("batcher reading %d request streams", len(self.lanes))
+                self.routes[lane.request_stream] = (lane, False)
+                self.routes[lane.credit_stream] = (lane, True)
+        await self.group.ensure(list(self.routes))
+        await self.heartbeat.beat()
+        logger.info("batcher %s reading %d request streams", self.consumer, len(self.lanes))
 
     async def run(self) -> None:
         dispatchers = [
             self.tasks.spawn(lane.dispatch(self.should_exit), f"dispatch {stream}")
             for stream, lane in self.lanes.items()
         ]
-        trimmer = Trimmer(self.redis, names.BATCHER_GROUP, list(self.lanes))
+        trimmer = Trimmer(self.redis, names.BATCHER_GROUP, list(self.routes))
         self.tasks.spawn(trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
+        self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         await self._read_until_exit()
         # Intake has stopped; what the lanes hold still leaves, within the grace period.
         await asyncio.wait(dispatchers, timeout=self.settings.shutdown_grace_s)
@@ -125,15 +79,44 @@ class Batcher(Service):
     async def _read_until_exit(self) -> None:
         # A read is never cancelled: entries it took are pending on this consumer, so
         # they must reach a lane. Exit waits at most one block_ms.
-        streams = list(self.lanes)
+        next_upkeep = 0.0
         while not self.should_exit.is_set():
-            entries = await self.group.read(
-                streams, self.settings.read_count, self.settings.block_ms
-            )
-            now_s = time.monotonic()
-            for entry in entries:
-                self.lanes[entry.stream].add(entry, now_s)
+            try:
+                if time.monotonic() >= next_upkeep:
+                    await self._upkeep()
+                    next_upkeep = time.monotonic() + self.settings.reclaim_interval_s
+                entries = await self.group.read(
+                    list(self.routes), self.settings.read_count, self.settings.block_ms
+                )
+            except RedisError as exc:
+                logger.warning("reading requests failed, retrying: %s", exc)
+                await asyncio.sleep(RETRY_READ_S)
+                continue
+            self._route(entries)
+
+    def _route(self, entries: list[Entry]) -> None:
+        now_s = time.monotonic()
+        for entry in entries:
+            lane, is_credit = self.routes[entry.stream]
+            if is_credit:
+                lane.add_credit(entry)
+            else:
+                lane.add(entry, now_s)
+
+    async def _upkeep(self) -> None:
+        """Claim what dead batchers left pending; cap credits to the live instances."""
+        for stream in self.routes:
+            claimed = await self.reclaimer.claim(stream, self.settings.read_count)
+            if claimed.retry:
+                logger.info(
+                    "claimed %d entries of %s from dead batchers", len(claimed.retry), stream
+                )
+            self._route(claimed.retry)
+        instances = served_instances(await live_consumers(self.redis, names.WORKER_GROUP))
+        for lane in self.lanes.values():
+            lane.cap_credits(instances.get((lane.model, lane.version), 0))
 
     async def shutdown(self) -> None:
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
+        await self.heartbeat.stop()
         await self.redis.aclose()

@@ -12,6 +12,7 @@ Import :func:`build_repository` and :func:`reference_module` from tests.
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import itertools
 import os
 import time
@@ -44,6 +45,32 @@ class MLP(nn.Module):
         return self.layers(INPUT0)
 
 
+class BertMini(nn.Module):
+    """A small BERT-shaped encoder: token and learned position embeddings, 4 encoder layers,
+    mean over tokens, a 2-way head. Takes ``input_ids`` INT64 [N, 128], returns FP32 [N, 2].
+    """
+
+    def __init__(
+        self, vocab: int = 30522, seq_len: int = 128, d_model: int = 256, layers: int = 4
+    ) -> None:
+        super().__init__()
+        self.tokens = nn.Embedding(vocab, d_model)
+        self.positions = nn.Parameter(torch.randn(1, seq_len, d_model) * 0.02)
+        # Layers built one by one (not nn.TransformerEncoder, which deep-copies one layer)
+        # so that each gets its own seeded weights.
+        self.layers = nn.ModuleList(
+            nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=1024, batch_first=True)
+            for _ in range(layers)
+        )
+        self.head = nn.Linear(d_model, 2)
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        x = self.tokens(input_ids) + self.positions
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(x.mean(dim=1))
+
+
 class ModelSpec(NamedTuple):
     """How to build one model: a seed, an eager-module factory and its ``config.yaml``.
 
@@ -73,10 +100,24 @@ def mlp_spec(name: str, seed: int, widths: tuple[int, ...], max_batch_size: int 
     return ModelSpec(seed=seed, build=lambda: MLP(widths), config=config)
 
 
+def bert_spec(name: str, seed: int, seq_len: int = 128) -> ModelSpec:
+    config = {
+        "name": name,
+        "backend": "pytorch",
+        "max_batch_size": 64,
+        "input": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [seq_len]}],
+        "output": [_fp32("logits", [2])],
+        "dynamic_batching": {"max_queue_delay_microseconds": 2000},
+        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+    }
+    return ModelSpec(seed=seed, build=lambda: BertMini(seq_len=seq_len), config=config)
+
+
 # The registry: add a model here and it is built (and its config written where missing).
 MODELS: dict[str, ModelSpec] = {
     "tiny_mlp": mlp_spec("tiny_mlp", seed=1, widths=(64, 256, 16)),
     "wide_mlp": mlp_spec("wide_mlp", seed=2, widths=(1024, 4096, 4096, 1000)),
+    "bert_mini": bert_spec("bert_mini", seed=3),
 }
 
 
@@ -135,7 +176,19 @@ def build_model(root: Path, name: str, force: bool = False) -> bool:
 
 def build_repository(root: Path, force: bool = False) -> list[str]:
     """Build every known model under ``root``; returns the names built."""
-    return [name for name in MODELS if build_model(Path(root), name, force)]
+    built = [name for name in MODELS if build_model(Path(root), name, force)]
+    return built + _sibling("minilm").build(Path(root), force)
+
+
+def _sibling(name: str) -> Any:
+    """Load ``examples/<name>.py`` by path: this file is loaded by path too, not as a package."""
+    path = Path(__file__).resolve().with_name(f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"weir_examples_{name}", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def main(argv: list[str] | None = None) -> None:

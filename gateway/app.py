@@ -10,9 +10,12 @@ from collections.abc import AsyncIterator
 import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
+from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
+from gateway.exporter import MeshCollector, MetricsServer
 from gateway.mesh import MeshClient
+from gateway.metrics import RequestMetrics
 from gateway.routes import router
 from gateway.state import STATE_KEY, GatewayState
 from weir import __version__
@@ -24,19 +27,37 @@ from weir.settings import GatewaySettings
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: GatewaySettings) -> FastAPI:
-    """A gateway app for ``settings``; its resources live as long as its lifespan."""
+def create_app(settings: GatewaySettings, serve_metrics: bool = True) -> FastAPI:
+    """A gateway app for ``settings``; its resources live as long as its lifespan.
+
+    With ``serve_metrics`` the app serves its own metrics endpoint; a multi-process gateway
+    serves one for all its processes from the parent instead.
+    """
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, GatewayState]]:
         repository = Repository.load(settings.repository)
-        redis = connect(settings.redis_url)
+        redis = connect(settings.redis_url, retries=settings.redis_retries)
         mesh = MeshClient(redis, settings)
+        registry = CollectorRegistry()
+        metrics = RequestMetrics(registry)
+        exporter = None
+        if serve_metrics and settings.metrics_port:
+            registry.register(MeshCollector(settings.redis_url, repository))
+            exporter = MetricsServer(registry, settings.host, settings.metrics_port)
         reader = asyncio.create_task(mesh.read_replies(), name="reply reader")
         logger.info("gateway %s serving %d models", mesh.gateway_id, len(repository.models))
+        if settings.inference_token is None:
+            logger.warning(
+                "no inference token is set (WEIR_GATEWAY_INFERENCE_TOKEN): anyone who can "
+                "reach port %d can run inference",
+                settings.http_port,
+            )
         try:
-            yield {STATE_KEY: GatewayState(settings, repository, redis, mesh)}
+            yield {STATE_KEY: GatewayState(settings, repository, redis, mesh, metrics)}
         finally:
+            if exporter is not None:
+                exporter.close()
             reader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await reader
@@ -58,7 +79,9 @@ def _error(message: str, status_code: int) -> Response:
 async def _weir_error(_: Request, exc: Exception) -> Response:
     if not isinstance(exc, WeirError):
         raise exc
-    return _error(exc.message, exc.http_status)
+    response = _error(exc.message, exc.http_status)
+    response.headers.update(exc.headers)
+    return response
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:

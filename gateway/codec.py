@@ -10,6 +10,7 @@ asked for as ``binary_data`` (or all, with ``binary_data_output``) follow the JS
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -19,6 +20,9 @@ import orjson
 from weir import datatypes
 from weir.errors import InvalidInput
 from weir.tensors import Tensor
+
+MAX_RANK = 64
+MAX_ELEMENTS = 2**48
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,8 +47,18 @@ class InferBody:
         return bool(self.parameters.get("binary_data_output", False))
 
 
-def parse_infer_body(body: bytes, header_length: int | None) -> InferBody:
-    """Parse a JSON or JSON+binary infer body; every problem is an InvalidInput."""
+# Checks an input's name, datatype and shape before its data is decoded.
+Precheck = Callable[[str, str, tuple[int, ...]], None]
+
+
+def parse_infer_body(
+    body: bytes, header_length: int | None, precheck: Precheck | None = None
+) -> InferBody:
+    """Parse a JSON or JSON+binary infer body; every problem is an InvalidInput.
+
+    ``precheck`` runs on each input's name, datatype and shape before its data is decoded,
+    so a tensor the model would refuse is never built.
+    """
     json_part, binary = _split_body(body, header_length)
     header = _load_json(json_part)
     raw_inputs = _list_of_objects(header, "inputs")
@@ -53,7 +67,7 @@ def parse_infer_body(body: bytes, header_length: int | None) -> InferBody:
     reader = _BinaryReader(binary)
     inputs: dict[str, Tensor] = {}
     for raw in raw_inputs:
-        name, tensor = _parse_input(raw, reader)
+        name, tensor = _parse_input(raw, reader, precheck)
         if name in inputs:
             raise InvalidInput(f"input '{name}' appears more than once")
         inputs[name] = tensor
@@ -131,14 +145,18 @@ class _BinaryReader:
             raise InvalidInput(f"body has {extra} bytes of binary data that no input claims")
 
 
-def _parse_input(raw: dict[str, Any], reader: _BinaryReader) -> tuple[str, Tensor]:
+def _parse_input(
+    raw: dict[str, Any], reader: _BinaryReader, precheck: Precheck | None
+) -> tuple[str, Tensor]:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidInput("every input needs a 'name' string")
     datatype = raw.get("datatype")
-    if datatype not in datatypes.DATATYPES:
+    if not isinstance(datatype, str) or datatype not in datatypes.DATATYPES:
         raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
     shape = _shape(name, raw.get("shape"))
+    if precheck is not None:
+        precheck(name, datatype, shape)
     size = _parameters(raw, f"input '{name}'").get("binary_data_size")
     if size is not None:
         if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -161,6 +179,14 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
     )
     if not valid:
         raise InvalidInput(f"input '{name}': shape must be a list of non-negative integers")
+    if len(shape) > MAX_RANK:
+        raise InvalidInput(f"input '{name}': shape has {len(shape)} dims, at most {MAX_RANK}")
+    # Bounded before anything is sized from it: no shape can make the gateway allocate.
+    count = 1
+    for dim in shape:
+        count *= dim
+        if count > MAX_ELEMENTS:
+            raise InvalidInput(f"input '{name}': shape describes more than 2**48 elements")
     return tuple(shape)
 
 
@@ -182,13 +208,21 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
 
 
 def _flatten(name: str, data: Any) -> list[Any]:
+    """Row-major elements of nested lists; iterative, so no nesting depth can overflow."""
     if not isinstance(data, list):
         return [data]
     if not any(isinstance(e, list) for e in data):
         return data
     flat: list[Any] = []
-    for element in data:
-        flat.extend(_flatten(name, element))
+    stack = [iter(data)]
+    while stack:
+        for element in stack[-1]:
+            if isinstance(element, list):
+                stack.append(iter(element))
+                break
+            flat.append(element)
+        else:
+            stack.pop()
     return flat
 
 

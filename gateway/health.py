@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from typing import cast
-
-import msgpack
 from redis.asyncio import Redis
 
 from weir import names
+from weir.liveness import live_consumers
+from weir.workload import served_instances
 
 
 async def served_models(redis: Redis) -> set[tuple[str, str]]:
-    """Every (model, version) named by a heartbeat key that has not expired."""
-    keys = [key async for key in redis.scan_iter(match=names.worker_heartbeat_pattern(), count=100)]
-    if not keys:
-        return set()
-    served: set[tuple[str, str]] = set()
-    for value in await redis.mget(keys):
-        if value is not None:
-            served.update((str(m), str(v)) for m, v in msgpack.unpackb(cast(bytes, value)))
-    return served
+    """Every (model, version) that at least one live worker runs an instance of."""
+    instances = served_instances(await live_consumers(redis, names.WORKER_GROUP))
+    return {key for key, count in instances.items() if count > 0}

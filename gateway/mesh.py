@@ -2,8 +2,9 @@
 
 Each gateway process owns one reply stream. One reader task reads it (many entries per
 ``XREAD``) and resolves the waiting request by id; a reply nobody waits for any more (its
-deadline passed, or a redelivered batch answered it twice) is dropped. Each read also trims
-what the previous read consumed, in the same round trip.
+deadline passed, or a redelivered batch answered it twice) is dropped, so each request is
+answered exactly once. Each read also trims what the previous read consumed, in the same
+round trip.
 """
 
 from __future__ import annotations
@@ -16,16 +17,18 @@ import uuid
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 
+from gateway.admission import Admission
 from gateway.codec import InferBody
 from weir import names, wire
-from weir.errors import DeadlineExceeded, Unavailable
+from weir.errors import DeadlineExceeded, InvalidInput, Unavailable
 from weir.repository import ModelEntry
 from weir.settings import GatewaySettings
 from weir.wire import InferReply, InferRequest
 
 logger = logging.getLogger(__name__)
+
+RETRY_READ_S = 0.5
 
 
 class MeshClient:
@@ -37,18 +40,20 @@ class MeshClient:
         self.gateway_id = uuid.uuid4().hex[:16]
         self.reply_stream = names.reply_stream(self.gateway_id)
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
+        self.admission = Admission(redis)
         self._ids = itertools.count()
 
     async def infer(
         self, entry: ModelEntry, version: str, body: InferBody, batch: int
     ) -> InferReply:
         """Queue one request and wait for its reply, at most until its deadline."""
-        timeout_s = self._timeout_s(body)
+        timeout_s = self._timeout_s(entry, body)
+        level = _priority_level(entry, body)
         request = self._request(entry, version, body, timeout_s)
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         self.waiting[request.id] = future
         try:
-            await self._send(request, batch)
+            await self._send(entry, request, batch, level)
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise DeadlineExceeded(
@@ -58,11 +63,18 @@ class MeshClient:
         finally:
             self.waiting.pop(request.id, None)
 
-    def _timeout_s(self, body: InferBody) -> float:
-        # Triton's `timeout` parameter (microseconds) may only lower the server's deadline.
+    def _timeout_s(self, entry: ModelEntry, body: InferBody) -> float:
+        # The model's default_timeout_microseconds and the request's `timeout` parameter
+        # (microseconds) may each only lower the server's deadline.
         timeout_s = self.settings.request_timeout_s
+        batching = entry.config.dynamic_batching
+        default_us = batching.default_queue_policy.default_timeout_microseconds if batching else 0
+        if default_us:
+            timeout_s = min(timeout_s, default_us / 1e6)
         override = body.parameters.get("timeout")
-        if isinstance(override, int) and not isinstance(override, bool) and override > 0:
+        if override is not None:
+            if not isinstance(override, int) or isinstance(override, bool) or override <= 0:
+                raise InvalidInput("parameter 'timeout' must be a positive integer (microseconds)")
             timeout_s = min(timeout_s, override / 1e6)
         return timeout_s
 
@@ -82,15 +94,29 @@ class MeshClient:
             ts={"gateway_in": now_ns},
         )
 
-    async def _send(self, request: InferRequest, batch: int) -> None:
-        fields: dict[FieldT, EncodableT] = {
+    async def _send(self, entry: ModelEntry, request: InferRequest, batch: int, level: int) -> None:
+        fields = {
             wire.PAYLOAD: request.encode(),
             wire.BATCH_SIZE: b"%d" % batch,
+            wire.DEADLINE: b"%d" % request.deadline_ms,
+            wire.REQUEST_ID: request.id.encode(),
+            wire.REPLY_TO: request.reply_to.encode(),
         }
+        if level:
+            fields[wire.PRIORITY] = b"%d" % level
+        batching = entry.config.dynamic_batching
+        limit = batching.default_queue_policy.max_queue_size if batching else 0
+        retry_after_s = self.settings.retry_after_s
         try:
-            await self.redis.xadd(names.request_stream(request.model, request.version), fields)
+            admitted = await self.admission.enqueue(request.model, request.version, fields, limit)
         except RedisError as exc:
-            raise Unavailable(f"cannot queue the request: {exc}") from None
+            raise Unavailable(f"cannot queue the request: {exc}", retry_after_s) from None
+        if not admitted:
+            raise Unavailable(
+                f"request for model '{request.model}' version '{request.version}' exceeds "
+                f"maximum queue size {limit}",
+                retry_after_s,
+            )
 
     async def read_replies(self) -> None:
         """The reader task: runs for the gateway's life."""
@@ -100,7 +126,7 @@ class MeshClient:
                 last_id = await self._read_once(last_id)
             except RedisError as exc:
                 logger.warning("reading replies failed, retrying: %s", exc)
-                await asyncio.sleep(0.5)
+                await asyncio.sleep(RETRY_READ_S)
 
     async def _read_once(self, last_id: bytes | str) -> bytes | str:
         async with self.redis.pipeline(transaction=False) as pipe:
@@ -129,3 +155,19 @@ class MeshClient:
             await self.redis.delete(self.reply_stream)
         except RedisError:
             logger.warning("could not delete reply stream %s", self.reply_stream)
+
+
+def _priority_level(entry: ModelEntry, body: InferBody) -> int:
+    """The batcher queue level for the request's ``priority`` parameter (Triton's rule)."""
+    priority = body.parameters.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+        raise InvalidInput("parameter 'priority' must be a non-negative integer")
+    batching = entry.config.dynamic_batching
+    if batching is None or not batching.priority_levels:
+        return 0
+    if priority > batching.priority_levels:
+        raise InvalidInput(
+            f"parameter 'priority' {priority} exceeds priority_levels "
+            f"{batching.priority_levels} of model '{entry.name}'"
+        )
+    return batching.level_index(priority)

@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Depends, Request, Response
 from redis.exceptions import RedisError
 
 from gateway import codec, metadata
+from gateway.auth import inference_scope, management_scope
 from gateway.health import served_models
 from gateway.state import GatewayState, gateway_state
-from gateway.validation import check_request
+from gateway.validation import check_request, precheck_input
 from weir import names
-from weir.errors import BodyTooLarge, InvalidInput, Unavailable
+from weir.errors import BodyTooLarge, InvalidInput, Unavailable, WeirError
 from weir.tensors import Tensor
 
 router = APIRouter()
+INFERENCE = [Depends(inference_scope)]
+MANAGEMENT = [Depends(management_scope)]
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"
@@ -35,7 +39,8 @@ async def live() -> Response:
 async def ready(request: Request) -> Response:
     state = gateway_state(request)
     served = await _served(state)
-    wanted = {(e.name, v) for e in state.repository for v in e.versions}
+    # A pipeline runs no instances of its own; its steps are the models that must be served.
+    wanted = {(e.name, v) for e in state.repository if not e.config.is_ensemble for v in e.versions}
     return Response(status_code=200 if wanted <= served else 503)
 
 
@@ -51,32 +56,36 @@ async def server_metadata() -> Response:
     return _json(metadata.server_metadata())
 
 
-@router.get("/v2/models/{model}")
-@router.get("/v2/models/{model}/versions/{version}")
-async def model_metadata(request: Request, model: str, version: str | None = None) -> Response:
+@router.get("/v2/models/{model}", dependencies=INFERENCE)
+@router.get("/v2/models/{model}/versions/{version}", dependencies=INFERENCE)
+async def model_metadata(request: Request, model: str) -> Response:
+    version = _path_version(request)
     entry, _ = gateway_state(request).repository.resolve(model, version)
     return _json(metadata.model_metadata(entry, version))
 
 
-@router.get("/v2/models/{model}/ready")
-@router.get("/v2/models/{model}/versions/{version}/ready")
-async def model_ready(request: Request, model: str, version: str | None = None) -> Response:
+@router.get("/v2/models/{model}/ready", dependencies=INFERENCE)
+@router.get("/v2/models/{model}/versions/{version}/ready", dependencies=INFERENCE)
+async def model_ready(request: Request, model: str) -> Response:
+    version = _path_version(request)
     state = gateway_state(request)
     entry, version = state.repository.resolve(model, version)
     served = await _served(state)
     return Response(status_code=200 if (entry.name, version) in served else 503)
 
 
-@router.get("/v2/models/{model}/config")
-@router.get("/v2/models/{model}/versions/{version}/config")
-async def model_config(request: Request, model: str, version: str | None = None) -> Response:
+@router.get("/v2/models/{model}/config", dependencies=INFERENCE)
+@router.get("/v2/models/{model}/versions/{version}/config", dependencies=INFERENCE)
+async def model_config(request: Request, model: str) -> Response:
+    version = _path_version(request)
     entry, _ = gateway_state(request).repository.resolve(model, version)
     return _json(metadata.model_config(entry))
 
 
-@router.get("/v2/models/{model}/stats")
-@router.get("/v2/models/{model}/versions/{version}/stats")
-async def model_stats(request: Request, model: str, version: str | None = None) -> Response:
+@router.get("/v2/models/{model}/stats", dependencies=MANAGEMENT)
+@router.get("/v2/models/{model}/versions/{version}/stats", dependencies=MANAGEMENT)
+async def model_stats(request: Request, model: str) -> Response:
+    version = _path_version(request)
     state = gateway_state(request)
     entry, _ = state.repository.resolve(model, version)
     versions = [version] if version else list(entry.versions)
@@ -87,17 +96,23 @@ async def model_stats(request: Request, model: str, version: str | None = None) 
     return _json({"model_stats": stats})
 
 
-@router.post("/v2/models/{model}/infer")
-@router.post("/v2/models/{model}/versions/{version}/infer")
-async def infer(request: Request, model: str, version: str | None = None) -> Response:
+@router.post("/v2/models/{model}/infer", dependencies=INFERENCE)
+@router.post("/v2/models/{model}/versions/{version}/infer", dependencies=INFERENCE)
+async def infer(request: Request, model: str) -> Response:
+    version = _path_version(request)
     state = gateway_state(request)
     entry, version = state.repository.resolve(model, version)
-    body = codec.parse_infer_body(
-        await _read_body(request, state.settings.body_limit_bytes), _header_length(request)
-    )
-    batch = check_request(entry.config, body)
-    reply = await state.mesh.infer(entry, version, body, batch)
-    reply.raise_for_error()
+    try:
+        raw = await _read_body(request, state.settings.body_limit_bytes)
+        precheck = functools.partial(precheck_input, entry.config)
+        body = codec.parse_infer_body(raw, _header_length(request), precheck)
+        batch = check_request(entry.config, body)
+        reply = await state.mesh.infer(entry, version, body, batch)
+        reply.raise_for_error()
+    except WeirError as exc:
+        state.metrics.failed(entry.name, version, exc.kind)
+        raise
+    state.metrics.answered(entry.name, version, reply)
     content, header_length = codec.render_infer_response(
         entry.name, version, body.id, _outputs(body, reply.outputs)
     )
@@ -119,14 +134,19 @@ def _outputs(body: codec.InferBody, outputs: dict[str, Tensor]) -> list[tuple[st
     ]
 
 
+def _path_version(request: Request) -> str | None:
+    # Read from the path only: a `version` query parameter must not select a version.
+    version = request.path_params.get("version")
+    return None if version is None else str(version)
+
+
 def _header_length(request: Request) -> int | None:
     raw = request.headers.get(HEADER_LENGTH)
     if raw is None:
         return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise InvalidInput(f"Inference-Header-Content-Length {raw!r} is not an integer") from None
+    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
+        raise InvalidInput(f"Inference-Header-Content-Length {raw[:32]!r} is not a byte count")
+    return int(raw)
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:

@@ -1,18 +1,56 @@
-"""Runs the gateway under uvicorn (uvloop and httptools when installed)."""
+"""Runs the gateway under uvicorn (uvloop and httptools when installed).
+
+With ``processes`` > 1 the parent binds the HTTP socket, forks that many gateway processes
+that accept on it, and serves the metrics of all of them (prometheus-client's multiprocess
+directory) on the metrics port; SIGTERM or SIGINT is passed on to every process.
+
+On SIGTERM uvicorn stops accepting connections and lets in-flight requests finish (up to the
+grace period), then the lifespan closes the reply reader. The process then exits with 0: a
+drained gateway is a clean exit, not a death by signal.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
+import multiprocessing
+import os
+import signal
+import socket
+from collections.abc import Iterator
+from types import FrameType
 
 import uvicorn
+from prometheus_client import CollectorRegistry
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.app import create_app
+from gateway.exporter import MeshCollector, MetricsServer
+from weir.repository import Repository
 from weir.settings import GatewaySettings
 
+logger = logging.getLogger(__name__)
 
-def serve(settings: GatewaySettings) -> None:
-    config = uvicorn.Config(
-        create_app(settings),
+HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
+
+
+class _Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        # uvicorn re-raises the captured signal after shutdown; Weir's services exit 0.
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in HANDLED_SIGNALS}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+def _config(settings: GatewaySettings, serve_metrics: bool) -> uvicorn.Config:
+    return uvicorn.Config(
+        create_app(settings, serve_metrics=serve_metrics),
         host=settings.host,
         port=settings.http_port,
         loop="auto",
@@ -21,4 +59,56 @@ def serve(settings: GatewaySettings) -> None:
         access_log=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
-    uvicorn.Server(config).run()
+
+
+def serve(settings: GatewaySettings) -> None:
+    if settings.processes == 1:
+        _Server(_config(settings, serve_metrics=True)).run()
+        return
+    if MULTIPROCESS_DIR_ENV not in os.environ:
+        raise RuntimeError(f"{MULTIPROCESS_DIR_ENV} must be set before prometheus_client loads")
+    _serve_processes(settings)
+
+
+def _serve_processes(settings: GatewaySettings) -> None:
+    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((settings.host, settings.http_port))
+    sock.set_inheritable(True)
+    context = multiprocessing.get_context("fork")
+    children = [
+        context.Process(target=_child, args=(settings, sock), name=f"gateway-{i}")
+        for i in range(settings.processes)
+    ]
+    for child in children:
+        child.start()
+    exporter = _parent_metrics(settings)
+
+    def forward(sig: int, _: FrameType | None) -> None:
+        for child in children:
+            if child.pid is not None and child.is_alive():
+                os.kill(child.pid, sig)
+
+    for sig in HANDLED_SIGNALS:
+        signal.signal(sig, forward)
+    try:
+        for child in children:
+            child.join()
+    finally:
+        if exporter is not None:
+            exporter.close()
+        sock.close()
+    logger.info("gateway processes exited: %s", [c.exitcode for c in children])
+
+
+def _child(settings: GatewaySettings, sock: socket.socket) -> None:
+    _Server(_config(settings, serve_metrics=False)).run(sockets=[sock])
+
+
+def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
+    if not settings.metrics_port:
+        return None
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+    registry.register(MeshCollector(settings.redis_url, Repository.load(settings.repository)))
+    return MetricsServer(registry, settings.host, settings.metrics_port)

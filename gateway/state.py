@@ -8,6 +8,7 @@ from redis.asyncio import Redis
 from starlette.requests import Request
 
 from gateway.mesh import MeshClient
+from gateway.metrics import RequestMetrics
 from weir.repository import Repository
 from weir.settings import GatewaySettings
 
@@ -20,6 +21,7 @@ class GatewayState:
     repository: Repository
     redis: Redis
     mesh: MeshClient
+    metrics: RequestMetrics
 
 
 STATE_KEY = "weir"

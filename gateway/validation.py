@@ -27,6 +27,17 @@ def check_request(config: ModelConfig, body: InferBody) -> int:
     return batch_sizes.pop() if batch_sizes else 1
 
 
+def precheck_input(config: ModelConfig, name: str, datatype: str, shape: tuple[int, ...]) -> None:
+    """Refuse an input by its header alone (name, datatype, shape), before its data."""
+    spec = config.input_spec(name)
+    if spec is None:
+        expected = ", ".join(sorted(s.name for s in config.input))
+        raise InvalidInput(
+            f"unexpected input '{name}' for model '{config.name}'; expected {expected}"
+        )
+    _check_tensor(config, spec, Tensor(datatype, shape, b""))
+
+
 def _check_names(config: ModelConfig, body: InferBody) -> None:
     expected = {spec.name for spec in config.input}
     for name in body.inputs:

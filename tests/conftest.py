@@ -79,6 +79,7 @@ class Mesh:
     redis_url: str
     repository: Path
     processes: dict[str, subprocess.Popen[bytes]]
+    metrics_url: str = ""
 
     def stop(self) -> None:
         for process in self.processes.values():
@@ -94,6 +95,7 @@ class Mesh:
 
 def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | None = None) -> Mesh:
     port = free_port()
+    metrics_port = free_port()
     env = {
         **os.environ,
         "WEIR_REDIS_URL": redis_url,
@@ -101,6 +103,7 @@ def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | Non
         "WEIR_GATEWAY_HTTP_PORT": str(port),
         "WEIR_GATEWAY_HOST": "127.0.0.1",
         "WEIR_GATEWAY_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
+        "WEIR_GATEWAY_METRICS_PORT": str(metrics_port),
         "WEIR_WORKER_TORCH_THREADS": "1",
         **(env_extra or {}),
     }
@@ -113,7 +116,13 @@ def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | Non
         name: subprocess.Popen([sys.executable, "-m", "weir.cli", *args], env=env, cwd=ROOT)
         for name, args in commands.items()
     }
-    mesh = Mesh(f"http://127.0.0.1:{port}", redis_url, repository, processes)
+    mesh = Mesh(
+        f"http://127.0.0.1:{port}",
+        redis_url,
+        repository,
+        processes,
+        f"http://127.0.0.1:{metrics_port}/metrics",
+    )
     try:
         wait_until(lambda: http_ready(f"{mesh.url}/v2/health/ready"), 60, "the mesh to be ready")
     except BaseException:

@@ -10,14 +10,22 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from weir import __version__
 from weir.errors import ConfigError
-from weir.settings import BatcherSettings, GatewaySettings, UpSettings, WorkerSettings
+from weir.settings import (
+    BatcherSettings,
+    GatewaySettings,
+    ServiceSettings,
+    UpSettings,
+    WorkerSettings,
+)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -34,14 +42,17 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="run the whole mesh locally, with a private Redis")
     _common(up)
     up.add_argument("--http-port", type=int, help="gateway HTTP port (env WEIR_UP_HTTP_PORT)")
-    up.add_argument(
-        "--redis-port", type=int, help="private Redis port, 0 for any (WEIR_UP_REDIS_PORT)"
-    )
+    up.add_argument("--redis-port", type=int, help="private Redis port, 0: any free one")
+    up.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (default 8002)")
+    up.add_argument("--gateway-processes", type=int, help="gateway processes (default 1)")
+    up.add_argument("--cpu-workers", type=int, help="CPU worker pool processes (default 1)")
 
     gateway = commands.add_parser("gateway", help="the KServe v2 HTTP gateway")
     _common(gateway)
     gateway.add_argument("--host", help="bind address (env WEIR_GATEWAY_HOST)")
     gateway.add_argument("--http-port", type=int, help="HTTP port (env WEIR_GATEWAY_HTTP_PORT)")
+    gateway.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (8002)")
+    gateway.add_argument("--processes", type=int, help="processes sharing the HTTP port (1)")
 
     batcher = commands.add_parser("batcher", help="the dynamic batcher")
     _common(batcher)
@@ -50,6 +61,12 @@ def _parser() -> argparse.ArgumentParser:
     _common(worker)
     worker.add_argument("--pool", choices=["cpu", "gpu"], help="pool kind (env WEIR_WORKER_POOL)")
     worker.add_argument("--torch-threads", type=int, help="torch threads, 0 for torch's default")
+
+    dead = commands.add_parser("dead-letters", help="list or replay dead-lettered batches")
+    dead.add_argument("action", choices=["list", "replay"])
+    dead.add_argument("--redis-url", help="Redis URL (env WEIR_REDIS_URL)")
+    dead.add_argument("--model", help="only this model's dead letters")
+    dead.add_argument("--id", dest="letter_id", help="replay only this dead letter")
     return parser
 
 
@@ -66,9 +83,14 @@ def _run_up(options: dict[str, Any]) -> int:
 
 
 def _run_gateway(options: dict[str, Any]) -> int:
+    settings = GatewaySettings(**options)
+    if settings.processes > 1:
+        # prometheus-client picks its multiprocess mode when it is first imported, so the
+        # directory is set here, before the gateway (and prometheus-client) is imported.
+        os.environ.setdefault("PROMETHEUS_MULTIPROC_DIR", tempfile.mkdtemp(prefix="weir-metrics-"))
     from gateway.server import serve
 
-    serve(GatewaySettings(**options))
+    serve(settings)
     return 0
 
 
@@ -77,6 +99,15 @@ def _run_batcher(options: dict[str, Any]) -> int:
 
     asyncio.run(Batcher(BatcherSettings(**options)).serve())
     return 0
+
+
+def _run_dead_letters(options: dict[str, Any]) -> int:
+    from weir.deadletters import run
+
+    settings = ServiceSettings(**{k: v for k, v in options.items() if k in {"redis_url"}})
+    return asyncio.run(
+        run(settings.redis_url, options["action"], options.get("model"), options.get("letter_id"))
+    )
 
 
 def _run_worker(options: dict[str, Any]) -> int:
@@ -91,6 +122,7 @@ COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
     "gateway": _run_gateway,
     "batcher": _run_batcher,
     "worker": _run_worker,
+    "dead-letters": _run_dead_letters,
 }
 
 

@@ -1,8 +1,9 @@
 """Model configuration with the field names of Triton's ``model_config.proto``.
 
-``config.yaml`` is parsed into these models; a bad file stops start-up with a
-:class:`~weir.errors.ConfigError` naming the file and the field. Datatypes are accepted as
-config names (``TYPE_FP32``) or protocol names (``FP32``) and held as protocol names.
+``config.yaml`` (or ``config.pbtxt``, :mod:`weir.pbtxt`) is parsed into these models; a bad
+file stops start-up with a :class:`~weir.errors.ConfigError` naming the file and the field.
+Datatypes are accepted as config names (``TYPE_FP32``) or protocol names (``FP32``) and held
+as protocol names. An ensemble's ``ensemble_scheduling`` is in :mod:`weir.config_ensemble`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from weir import datatypes
+from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
 from weir.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -104,12 +106,40 @@ class TensorSpec(_Strict):
         return self.data_type
 
 
+class QueuePolicy(_Strict):
+    """Triton's ``ModelQueuePolicy``: queue bound and default timeout."""
+
+    timeout_action: str = Field(default="REJECT", pattern="^(REJECT|DELAY)$")
+    default_timeout_microseconds: int = Field(default=0, ge=0)
+    allow_timeout_override: bool = False
+    max_queue_size: int = Field(default=0, ge=0)
+
+
 class DynamicBatching(_Strict):
     """Triton's ``dynamic_batching`` block (the fields Weir acts on)."""
 
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = Field(default=0, ge=0)
     preserve_ordering: bool = False
+    priority_levels: int = Field(default=0, ge=0)
+    default_priority_level: int = Field(default=0, ge=0)
+    default_queue_policy: QueuePolicy = QueuePolicy()
+
+    @model_validator(mode="after")
+    def _default_level_in_range(self) -> DynamicBatching:
+        if self.default_priority_level > self.priority_levels:
+            raise ValueError(
+                f"default_priority_level {self.default_priority_level} exceeds "
+                f"priority_levels {self.priority_levels}"
+            )
+        return self
+
+    def level_index(self, priority: int) -> int:
+        """The queue level (0 first) of a request's ``priority`` (1 highest, 0 default)."""
+        if not self.priority_levels:
+            return 0
+        level = priority or self.default_priority_level or self.priority_levels
+        return level - 1
 
     @field_validator("preferred_batch_size")
     @classmethod
@@ -183,6 +213,7 @@ class ModelConfig(_Strict):
     instance_group: tuple[InstanceGroup, ...] = (InstanceGroup(),)
     version_policy: VersionPolicy = VersionPolicy(latest=LatestPolicy())
     parameters: dict[str, str] = Field(default_factory=dict)
+    ensemble_scheduling: EnsembleScheduling | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -192,12 +223,16 @@ class ModelConfig(_Strict):
         raw = dict(raw)
         _pick_backend(raw)
         raw["parameters"] = _flatten_parameters(raw.get("parameters") or {})
+        if raw["backend"] is Backend.ENSEMBLE:
+            # A pipeline runs no instances of its own: each step runs in its model's pool.
+            raw.setdefault("instance_group", ())
         return raw
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
         _unique_names("input", self.input)
         _unique_names("output", self.output)
+        check_ensemble_fields(self)
         preferred = self.dynamic_batching.preferred_batch_size if self.dynamic_batching else ()
         if preferred and max(preferred) > max(self.max_batch_size, 1):
             raise ValueError(
@@ -218,6 +253,11 @@ class ModelConfig(_Strict):
 
     def instance_kinds(self) -> set[InstanceKind]:
         return {group.kind for group in self.instance_group}
+
+    @property
+    def is_ensemble(self) -> bool:
+        """True for a pipeline (``platform: ensemble``), which no worker runs itself."""
+        return self.backend is Backend.ENSEMBLE
 
 
 def _pick_backend(raw: dict[str, Any]) -> None:
@@ -258,6 +298,11 @@ def load_config(path: Path, default_name: str) -> ModelConfig:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from exc
+    return config_from_raw(raw, path, default_name)
+
+
+def config_from_raw(raw: Any, path: Path, default_name: str) -> ModelConfig:
+    """Validate a parsed config (from YAML or ``config.pbtxt``) read from ``path``."""
     if isinstance(raw, dict):
         raw.setdefault("name", default_name)
         for ignored in IGNORED_TRITON_FIELDS.intersection(raw):

@@ -22,12 +22,6 @@ from weir.settings import UpSettings
 
 logger = logging.getLogger(__name__)
 
-SERVICES: list[tuple[str, list[str]]] = [
-    ("gateway", ["gateway"]),
-    ("batcher", ["batcher"]),
-    ("worker-cpu", ["worker", "--pool", "cpu"]),
-]
-
 
 class Embedded(Service):
     """Supervises redis-server and one process per mesh service."""
@@ -48,21 +42,26 @@ class Embedded(Service):
             WEIR_REPOSITORY=str(self.settings.repository.resolve()),
             WEIR_LOG_LEVEL=self.settings.log_level,
             WEIR_GATEWAY_HTTP_PORT=str(self.settings.http_port),
+            WEIR_GATEWAY_METRICS_PORT=str(self.settings.metrics_port),
+            WEIR_GATEWAY_PROCESSES=str(self.settings.gateway_processes),
         )
         return env
 
     async def startup(self) -> None:
         await asyncio.to_thread(self.redis.start)
         env = self._environment()
-        for name, args in SERVICES:
+        for name, args in self._services():
             self.children[name] = await asyncio.create_subprocess_exec(
                 sys.executable, "-m", "weir.cli", *args, env=env, start_new_session=True
             )
         await self._wait_ready()
+        metrics = self.settings.metrics_port
         print(
             f"Weir is up: http://127.0.0.1:{self.settings.http_port}/v2 "
-            f"(KServe v2 / Triton HTTP), repository {self.settings.repository.resolve()}, "
-            f"redis {self.redis.url}. Ctrl-C stops it.",
+            f"(KServe v2 / Triton HTTP), metrics "
+            f"{f'http://127.0.0.1:{metrics}/metrics' if metrics else 'off'}, "
+            f"repository {self.settings.repository.resolve()}, redis {self.redis.url}. "
+            f"Ctrl-C stops it.",
             flush=True,
         )
 
@@ -89,8 +88,15 @@ class Embedded(Service):
             logger.error("%s exited with %s; stopping", dead, self.children[dead].returncode)
             self.exit_code = 1
 
+    def _services(self) -> list[tuple[str, list[str]]]:
+        workers = [
+            (f"worker-cpu-{i}", ["worker", "--pool", "cpu"])
+            for i in range(1, self.settings.cpu_workers + 1)
+        ]
+        return [("gateway", ["gateway"]), ("batcher", ["batcher"]), *workers]
+
     async def shutdown(self) -> None:
-        for name, _ in SERVICES:
+        for name, _ in self._services():
             process = self.children.get(name)
             if process is not None and process.returncode is None:
                 await _stop(process, self.settings.shutdown_grace_s + 5)

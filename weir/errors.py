@@ -14,6 +14,7 @@ class ErrorKind(StrEnum):
     """The meaning of an error, independent of the transport that carries it."""
 
     INVALID = "invalid"
+    UNAUTHORIZED = "unauthorized"
     NOT_FOUND = "not_found"
     TOO_LARGE = "too_large"
     UNAVAILABLE = "unavailable"
@@ -23,6 +24,7 @@ class ErrorKind(StrEnum):
 
 HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.INVALID: 400,
+    ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNAVAILABLE: 503,
@@ -43,6 +45,11 @@ class WeirError(Exception):
     @property
     def http_status(self) -> int:
         return HTTP_STATUS[self.kind]
+
+    @property
+    def headers(self) -> dict[str, str]:
+        """HTTP headers that go with this error's response."""
+        return {}
 
     @staticmethod
     def of_kind(kind: str, message: str) -> WeirError:
@@ -73,9 +80,27 @@ class BodyTooLarge(WeirError):
 
 
 class Unavailable(WeirError):
-    """The mesh cannot take the request now (503)."""
+    """The mesh cannot take the request now (503); the client may retry after a while."""
 
     kind = ErrorKind.UNAVAILABLE
+
+    def __init__(self, message: str, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {} if self.retry_after_s is None else {"Retry-After": str(self.retry_after_s)}
+
+
+class Unauthorized(WeirError):
+    """A missing or wrong bearer token (401)."""
+
+    kind = ErrorKind.UNAUTHORIZED
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"WWW-Authenticate": "Bearer"}
 
 
 class DeadlineExceeded(WeirError):
@@ -96,5 +121,13 @@ class ConfigError(Exception):
 
 _BY_KIND: dict[ErrorKind, type[WeirError]] = {
     cls.kind: cls
-    for cls in (InvalidInput, NotFound, BodyTooLarge, Unavailable, DeadlineExceeded, ServerError)
+    for cls in (
+        InvalidInput,
+        Unauthorized,
+        NotFound,
+        BodyTooLarge,
+        Unavailable,
+        DeadlineExceeded,
+        ServerError,
+    )
 }

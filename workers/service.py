@@ -9,21 +9,20 @@ serves. On SIGTERM it stops reading, finishes and acks the batches it took, and 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
-import msgpack
-
 from weir import names
 from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
+from weir.liveness import Heartbeat
 from weir.repository import Repository
 from weir.service import Service, TaskSet
 from weir.settings import WorkerSettings
 from weir.streams import StreamGroup
 from weir.trim import Trimmer
+from weir.workload import encode_served
 from workers.backends import load_backend
 from workers.execution import BatchRunner
 from workers.lane import WorkerLane
@@ -50,12 +49,18 @@ class Worker(Service):
     def __init__(self, settings: WorkerSettings) -> None:
         super().__init__(settings.shutdown_grace_s)
         self.settings = settings
-        self.worker_id = f"{settings.pool}-{uuid.uuid4().hex[:12]}"
-        self.redis = connect(settings.redis_url)
+        self.worker_id = f"{settings.pool}-{settings.name or uuid.uuid4().hex[:12]}"
+        self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.WORKER_GROUP, self.worker_id)
         self.lanes: list[WorkerLane] = []
         self.tasks = TaskSet()
         self.executor: ThreadPoolExecutor | None = None
+        self.heartbeat = Heartbeat(
+            self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
+        )
+
+    def _served(self) -> bytes:
+        return encode_served([(ln.entry.name, ln.version, len(ln.runners)) for ln in self.lanes])
 
     async def startup(self) -> None:
         if self.settings.pool not in POOL_KINDS:
@@ -73,8 +78,14 @@ class Worker(Service):
                     )
                     for _ in range(count)
                 ]
-                self.lanes.append(WorkerLane(self.redis, self.group, entry, version, runners))
+                lane = WorkerLane(self.redis, self.group, entry, version, runners, self.settings)
+                self.lanes.append(lane)
         await self.group.ensure([lane.stream for lane in self.lanes])
+        await self.heartbeat.beat()
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for lane in self.lanes:
+                lane.announce(pipe, len(lane.runners))
+            await pipe.execute()
         instances = sum(len(lane.runners) for lane in self.lanes)
         self.executor = ThreadPoolExecutor(max(instances, 1), thread_name_prefix="instance")
         logger.info(
@@ -98,12 +109,10 @@ class Worker(Service):
             for runner in lane.runners:
                 executors.spawn(lane.execute(runner, self.executor), f"instance {lane.label}")
         readers = [
-            self.tasks.spawn(
-                lane.read(self.should_exit, self.settings.block_ms), f"read {lane.label}"
-            )
+            self.tasks.spawn(lane.read(self.should_exit), f"read {lane.label}")
             for lane in self.lanes
         ]
-        self.tasks.spawn(self._heartbeat(), "heartbeat")
+        self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         trimmer = Trimmer(self.redis, names.WORKER_GROUP, [lane.stream for lane in self.lanes])
         self.tasks.spawn(trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         await self.should_exit.wait()
@@ -117,18 +126,9 @@ class Worker(Service):
         if drains:
             await asyncio.wait(drains, timeout=self.shutdown_grace_s)
 
-    async def _heartbeat(self) -> None:
-        key = names.worker_heartbeat(self.settings.pool, self.worker_id)
-        served = msgpack.packb([[lane.entry.name, lane.version] for lane in self.lanes])
-        ttl_ms = int(self.settings.heartbeat_ttl_s * 1000)
-        while not self.should_exit.is_set():
-            await self.redis.set(key, served, px=ttl_ms)
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.should_exit.wait(), self.settings.heartbeat_ttl_s / 3)
-        await self.redis.delete(key)
-
     async def shutdown(self) -> None:
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
+        await self.heartbeat.stop()
         await self.redis.aclose()

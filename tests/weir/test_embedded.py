@@ -23,6 +23,7 @@ def port_open(port: int) -> bool:
 
 def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path) -> None:
     port = free_port()
+    metrics_port = free_port()
     process = subprocess.Popen(
         [
             sys.executable,
@@ -31,6 +32,8 @@ def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path)
             "up",
             "--http-port",
             str(port),
+            "--metrics-port",
+            str(metrics_port),
             "--repository",
             str(example_repository),
         ],

@@ -15,6 +15,10 @@ def load_backend(config: ModelConfig, version_dir: Path) -> ModelBackend:
         from workers.backends.torch_backend import TorchBackend
 
         return TorchBackend(config, version_dir)
+    if config.backend is Backend.PYTHON:
+        from workers.backends.python_backend import PythonBackend
+
+        return PythonBackend(config, version_dir)
     raise ConfigError(
         f"{version_dir}: backend {config.backend.value!r} is not available in this worker yet"
     )

@@ -1,0 +1,147 @@
+"""One (model, version) in the batcher: its queue, its credits and its dispatcher.
+
+Credits are free worker instances: each worker announces its instances when it starts and
+one more each time it finishes a batch; the lane spends one per batch it sends. While the
+lane holds credits it sends what is queued at once (work-conserving); without, it follows
+Triton's rule. Each send is one transaction: the batch, the error replies for requests whose
+deadline passed in the queue, and the acks of everything they consumed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from redis.asyncio import Redis
+from redis.exceptions import RedisError
+
+from batcher.policy import BatchQueue, Queued
+from weir import names, wire
+from weir.errors import DeadlineExceeded
+from weir.repository import ModelEntry
+from weir.streams import Entry, StreamGroup
+from weir.wire import InferReply
+
+logger = logging.getLogger(__name__)
+
+RETRY_SEND_S = 0.5
+
+
+class BatcherLane:
+    """The queue and the dispatcher of one (model, version)."""
+
+    def __init__(self, redis: Redis, group: StreamGroup, entry: ModelEntry, version: str) -> None:
+        self.redis = redis
+        self.group = group
+        self.model = entry.name
+        self.version = version
+        self.request_stream = names.request_stream(entry.name, version)
+        self.batch_stream = names.batch_stream(entry.name, version)
+        self.credit_stream = names.credit_stream(entry.name, version)
+        self.queued_key = names.queued_counter(entry.name, version)
+        self.queue = _queue_for(entry)
+        self.batches = entry.config.max_batch_size > 0
+        self.credits = 0
+        self.credit_ids: list[bytes] = []
+        self.wake = asyncio.Event()
+
+    def add(self, entry: Entry, now_s: float) -> None:
+        fields = entry.fields
+        self.queue.add(
+            Queued(
+                entry.id,
+                int(fields.get(wire.BATCH_SIZE, b"1")) if self.batches else 1,
+                fields[wire.PAYLOAD],
+                now_s,
+                int(fields.get(wire.DEADLINE, b"0")),
+                int(fields.get(wire.PRIORITY, b"0")),
+                fields.get(wire.REQUEST_ID, b"").decode(),
+                fields.get(wire.REPLY_TO, b"").decode(),
+            )
+        )
+        self.wake.set()
+
+    def add_credit(self, entry: Entry) -> None:
+        self.credits += int(entry.fields.get(wire.CREDITS, b"1"))
+        self.credit_ids.append(entry.id)
+        self.wake.set()
+
+    def cap_credits(self, instances: int) -> None:
+        """Credits never exceed the live instances (a dead worker's credits expire)."""
+        self.credits = min(self.credits, instances)
+
+    async def dispatch(self, should_exit: asyncio.Event) -> None:
+        """Send batches as the rule lets them leave, until told to exit and empty."""
+        while not (should_exit.is_set() and not self.queue):
+            await self._wait(should_exit)
+            expired = self.queue.drop_expired(time.time() * 1000)
+            now_s = float("inf") if should_exit.is_set() else time.monotonic()
+            batch = self.queue.take(now_s, eager=self.credits > 0)
+            if batch or expired or self.credit_ids:
+                await self._send(batch, expired)
+
+    async def _wait(self, should_exit: asyncio.Event) -> None:
+        deadline = self.queue.deadline_s()
+        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
+        if should_exit.is_set() or timeout == 0.0 or (self.credits > 0 and self.queue):
+            return
+        self.wake.clear()
+        waiters = [
+            asyncio.ensure_future(self.wake.wait()),
+            asyncio.ensure_future(should_exit.wait()),
+        ]
+        try:
+            await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+
+    async def _send(self, batch: list[Queued], expired: list[Queued]) -> None:
+        credit_ids, self.credit_ids = self.credit_ids, []
+        try:
+            async with self.redis.pipeline(transaction=True) as pipe:
+                if batch:
+                    payload = wire.encode_batch([q.payload for q in batch])
+                    pipe.xadd(self.batch_stream, {wire.PAYLOAD: payload})
+                for item in expired:
+                    pipe.xadd(item.reply_to, {wire.PAYLOAD: self._expired_reply(item)})
+                if expired:
+                    pipe.decrby(self.queued_key, len(expired))
+                consumed = [q.entry_id for q in (*batch, *expired)]
+                if consumed:
+                    self.group.ack(pipe, self.request_stream, consumed)
+                if credit_ids:
+                    self.group.ack(pipe, self.credit_stream, credit_ids)
+                await pipe.execute()
+        except RedisError as exc:
+            logger.warning("sending a batch of %s failed, keeping it: %s", self.model, exc)
+            self.queue.restore([*batch, *expired])
+            self.credit_ids[:0] = credit_ids
+            await asyncio.sleep(RETRY_SEND_S)
+            return
+        if batch:
+            self.credits -= 1
+
+    def _expired_reply(self, item: Queued) -> bytes:
+        error = DeadlineExceeded(
+            f"deadline passed while queued in the batcher of model '{self.model}' "
+            f"version '{self.version}'"
+        )
+        reply = InferReply(
+            item.request_id, self.model, self.version, error=(error.kind, error.message)
+        )
+        return reply.encode()
+
+
+def _queue_for(entry: ModelEntry) -> BatchQueue:
+    batching = entry.config.dynamic_batching
+    if batching is None:
+        # Without dynamic_batching every request is its own batch, as Triton's default scheduler.
+        return BatchQueue(1)
+    return BatchQueue(
+        entry.config.max_batch_size,
+        batching.preferred_batch_size,
+        batching.max_queue_delay_microseconds / 1e6,
+        batching.priority_levels,
+    )

@@ -1,0 +1,97 @@
+"""The metrics endpoint (port 8002): the gateways' request metrics plus the mesh's own.
+
+Request metrics live in each gateway process (aggregated over processes through
+prometheus-client's multiprocess directory when there are several). What the workers record
+per batch, and the queued-request counters, live in Redis and are read at scrape time: the
+execution and inference counts, the batch-size histogram and the pending-request gauge.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from wsgiref.simple_server import WSGIServer
+
+import redis
+from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.registry import Collector
+
+from weir import names
+from weir.repository import Repository
+
+logger = logging.getLogger(__name__)
+
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+
+class MeshCollector(Collector):
+    """Reads the workers' per-batch counters and the queue counters from Redis."""
+
+    def __init__(self, redis_url: str, repository: Repository) -> None:
+        self.redis = redis.Redis.from_url(redis_url, socket_timeout=2.0)
+        self.lanes = [
+            (e.name, v) for e in repository if not e.config.is_ensemble for v in e.versions
+        ]
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+        try:
+            stats, queued = self._read()
+        except redis.RedisError as exc:
+            logger.warning("metrics: Redis unreachable: %s", exc)
+            return
+        labels = ["model", "version"]
+        executions = CounterMetricFamily(
+            "weir_inference_exec_count", "Batches executed", labels=labels
+        )
+        inferences = CounterMetricFamily("weir_inference_count", "Inferences run", labels=labels)
+        pending = GaugeMetricFamily(
+            "weir_inference_pending_request_count", "Requests queued or running", labels=labels
+        )
+        batch = HistogramMetricFamily(
+            "weir_inference_batch_size", "Batch sizes executed by the workers", labels=labels
+        )
+        for (model, version), recorded, waiting in zip(self.lanes, stats, queued, strict=True):
+            counts = {k.decode(): int(v) for k, v in recorded.items()}
+            executions.add_metric([model, version], counts.get("execution_count", 0))
+            inferences.add_metric([model, version], counts.get("inference_count", 0))
+            pending.add_metric([model, version], max(int(waiting or 0), 0))
+            batch.add_metric([model, version], _buckets(counts), counts.get("inference_count", 0))
+        yield from (executions, inferences, pending, batch)
+
+    def _read(self) -> tuple[list[dict[bytes, bytes]], list[bytes | None]]:
+        pipe = self.redis.pipeline(transaction=False)
+        for model, version in self.lanes:
+            pipe.hgetall(names.model_stats(model, version))
+        for model, version in self.lanes:
+            pipe.get(names.queued_counter(model, version))
+        replies = pipe.execute()
+        return replies[: len(self.lanes)], replies[len(self.lanes) :]
+
+
+def _buckets(counts: dict[str, int]) -> list[tuple[str, float]]:
+    sizes = {int(k.split(":", 1)[1]): v for k, v in counts.items() if k.startswith("batch_size:")}
+    cumulative = [
+        (str(bound), float(sum(c for s, c in sizes.items() if s <= bound)))
+        for bound in BATCH_BUCKETS
+    ]
+    return [*cumulative, ("+Inf", float(sum(sizes.values())))]
+
+
+class MetricsServer:
+    """Serves a registry on the metrics port from a background thread."""
+
+    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+        self.server: WSGIServer | None = None
+        self.thread: threading.Thread | None = None
+        if port:
+            self.server, self.thread = start_http_server(port, host, registry=registry)
+            logger.info("metrics on http://%s:%d/metrics", host, port)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.shutdown()
+            self.server.server_close()
+        if self.thread is not None:
+            self.thread.join(5)

@@ -1,0 +1,64 @@
+"""Per-request metrics, named like Triton's, observed where each request is answered.
+
+Durations come from the stamps a request collects on its way through the mesh: queue time
+runs from the gateway taking the request to a worker starting its batch; compute input,
+infer and output are the worker's three phases; the request duration is the whole round
+trip as the gateway saw it. Counters split success from failure (by reason).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from weir.wire import InferReply
+
+LABELS = ("model", "version")
+# Microseconds, from 50 µs to 30 s.
+DURATION_BUCKETS_US = (
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000, 100_000, 250_000,
+    500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000,
+)  # fmt: skip
+
+# (metric, help, start stamp, end stamp)
+PHASES = (
+    ("queue", "time queued before a worker started the batch", "gateway_in", "compute_start"),
+    ("compute_input", "time gathering the batch's inputs", "compute_start", "compute_input_end"),
+    ("compute_infer", "time running the model", "compute_input_end", "compute_infer_end"),
+    ("compute_output", "time splitting and encoding outputs", "compute_infer_end", "compute_end"),
+    ("request", "end-to-end time inside the gateway", "gateway_in", "gateway_out"),
+)
+
+
+class RequestMetrics:
+    """The gateway's request counters and duration histograms."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        self.success = Counter(
+            "weir_inference_request_success", "Requests answered with outputs",
+            LABELS, registry=registry,
+        )  # fmt: skip
+        self.failure = Counter(
+            "weir_inference_request_failure", "Requests answered with an error",
+            (*LABELS, "reason"), registry=registry,
+        )  # fmt: skip
+        self.durations = {
+            name: Histogram(
+                f"weir_inference_{name}_duration_us",
+                f"Per request: {text} (microseconds)",
+                LABELS,
+                buckets=DURATION_BUCKETS_US,
+                registry=registry,
+            )
+            for name, text, _, _ in PHASES
+        }
+
+    def answered(self, model: str, version: str, reply: InferReply) -> None:
+        self.success.labels(model, version).inc()
+        stamps = reply.ts
+        for name, _, start, end in PHASES:
+            if start in stamps and end in stamps:
+                elapsed_us = (stamps[end] - stamps[start]) / 1000
+                self.durations[name].labels(model, version).observe(max(elapsed_us, 0.0))
+
+    def failed(self, model: str, version: str, reason: str) -> None:
+        self.failure.labels(model, version, reason.upper()).inc()

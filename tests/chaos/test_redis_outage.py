@@ -1,0 +1,69 @@
+"""Redis stopped and restarted under load: 503 only while it is down, correct answers after."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from types import ModuleType
+
+import numpy as np
+import pytest
+import torch
+
+from tests.chaos.helpers import Topology, closed_loop, private_repository
+from tests.conftest import http_ready, wait_until
+from weir.redis_server import RedisServer, free_port
+
+
+@pytest.mark.timeout(120)
+def test_redis_outage_gives_503_only_while_down(
+    tmp_path: Path, example_repository: Path, build_models: ModuleType
+) -> None:
+    repository = private_repository(example_repository, tmp_path / "models", ["tiny_mlp"])
+    rows = np.random.default_rng(5).standard_normal((64, 64), dtype=np.float32)
+    with torch.inference_mode():
+        expected = build_models.reference_module("tiny_mlp")(torch.from_numpy(rows)).numpy()
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    server = RedisServer(appendonly=True).start()
+    mesh = Topology(server.url, repository, tmp_path, {"WEIR_HEARTBEAT_TTL_S": "2"})
+    try:
+        mesh.start("batcher", "batcher")
+        mesh.start("worker", "worker")
+        mesh.start("gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(port))
+        wait_until(lambda: http_ready(f"{url}/v2/health/ready"), 60, "the mesh")
+        window: dict[str, float] = {}
+
+        async def run() -> list:  # type: ignore[type-arg]
+            stop = asyncio.Event()
+            load = asyncio.create_task(
+                closed_loop(lambda: [url], "tiny_mlp", rows, 4, stop, 100_000)
+            )
+            await asyncio.sleep(1.0)
+            window["down"] = time.monotonic()
+            await asyncio.to_thread(server.halt)
+            await asyncio.sleep(2.0)
+            await asyncio.to_thread(server.start)
+            window["up"] = time.monotonic()
+            await asyncio.sleep(4.0)
+            stop.set()
+            return await load
+
+        outcomes = asyncio.run(run())
+        statuses = {o.status for o in outcomes}
+        assert statuses <= {200, 503}, [(o.status, o.error) for o in outcomes if o.status != 200][
+            :5
+        ]
+        unavailable = [o for o in outcomes if o.status == 503]
+        assert unavailable, "no request saw the outage"
+        for outcome in unavailable:
+            sent = outcome.sent_s
+            assert window["down"] - 0.5 <= sent <= window["up"] + 2.0, outcome.error
+        recovered = [o for o in outcomes if o.sent_s > window["up"] + 2.0]
+        assert recovered and all(o.status == 200 for o in recovered)
+        for outcome in (o for o in outcomes if o.status == 200):
+            np.testing.assert_allclose(outcome.output, expected[outcome.row], atol=1e-5)
+    finally:
+        mesh.stop_all()
+        server.stop()

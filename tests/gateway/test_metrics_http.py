@@ -1,0 +1,90 @@
+"""The metrics endpoint exports Triton-named request, queue, compute and batch metrics."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.chaos.helpers import Topology, private_repository, tiny_body
+from tests.conftest import Mesh, http_ready, wait_until
+from weir.redis_server import RedisServer, free_port
+
+LABELS = {"model": "tiny_mlp", "version": "1"}
+
+
+def samples(metrics_url: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    text = httpx.get(metrics_url, timeout=10).text
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def value(found: dict, name: str, **labels: str) -> float:  # type: ignore[type-arg]
+    return found.get((name, tuple(sorted({**LABELS, **labels}.items()))), 0.0)
+
+
+def test_metrics_count_requests_phases_and_batches(mesh: Mesh) -> None:
+    import numpy as np
+
+    before = samples(mesh.metrics_url)
+    for _ in range(3):
+        body = tiny_body(np.ones(64, dtype=np.float32))
+        assert httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body).status_code == 200
+    bad = {"inputs": [{"name": "INPUT0", "datatype": "FP64", "shape": [1, 64], "data": [0] * 64}]}
+    assert httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=bad).status_code == 400
+    after = samples(mesh.metrics_url)
+
+    def grew(name: str, by: float, **labels: str) -> bool:
+        return value(after, name, **labels) - value(before, name, **labels) == by
+
+    assert grew("weir_inference_request_success_total", 3)
+    assert grew("weir_inference_request_failure_total", 1, reason="INVALID")
+    for phase in ("queue", "compute_input", "compute_infer", "compute_output", "request"):
+        assert grew(f"weir_inference_{phase}_duration_us_count", 3), phase
+    assert grew("weir_inference_count_total", 3)
+    assert value(after, "weir_inference_exec_count_total") >= 1
+    # One observation per executed batch, summing to the inferences run.
+    executions = value(after, "weir_inference_exec_count_total")
+    assert value(after, "weir_inference_batch_size_count") == executions
+    assert value(after, "weir_inference_batch_size_sum") == value(
+        after, "weir_inference_count_total"
+    )
+    assert ("weir_inference_pending_request_count", tuple(sorted(LABELS.items()))) in after
+
+
+@pytest.mark.timeout(90)
+def test_multi_process_gateway_serves_and_aggregates_metrics(
+    tmp_path: Path, example_repository: Path
+) -> None:
+    import numpy as np
+
+    repository = private_repository(example_repository, tmp_path / "models", ["tiny_mlp"])
+    port, metrics_port = free_port(), free_port()
+    with RedisServer() as server:
+        mesh = Topology(server.url, repository, tmp_path)
+        try:
+            mesh.start("batcher", "batcher")
+            mesh.start("worker", "worker")
+            gateway = mesh.start(
+                "gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(port),
+                WEIR_GATEWAY_METRICS_PORT=str(metrics_port), WEIR_GATEWAY_PROCESSES="2",
+            )  # fmt: skip
+            url = f"http://127.0.0.1:{port}"
+            wait_until(lambda: http_ready(f"{url}/v2/health/ready"), 60, "the gateway")
+            body = tiny_body(np.ones(64, dtype=np.float32))
+            for _ in range(20):
+                # A new connection each time, so the kernel spreads them over both processes.
+                assert httpx.post(f"{url}/v2/models/tiny_mlp/infer", json=body).status_code == 200
+            found = samples(f"http://127.0.0.1:{metrics_port}/metrics")
+            assert value(found, "weir_inference_request_success_total") == 20
+            assert mesh.log("gateway").count("Application startup complete") == 2
+            gateway.send_signal(signal.SIGTERM)
+            assert gateway.wait(30) == 0
+        finally:
+            mesh.stop_all()

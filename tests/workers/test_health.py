@@ -1,0 +1,102 @@
+"""Readiness tells the truth: it follows the workers' heartbeats as workers stop and start.
+
+The mesh runs on its own redis-server and a temporary repository holding ``tiny_mlp``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from types import ModuleType
+
+import httpx
+import numpy as np
+import pytest
+import redis
+import torch
+
+from tests.conftest import ROOT, Mesh, start_mesh, wait_until
+from weir import names
+from weir.redis_server import RedisServer
+
+# The heartbeat TTL is 3 s and a worker beats every second, so a key left behind by a worker
+# lives at least 2 s after its last beat: readiness that drops sooner proves the worker
+# deleted its key on the way out rather than letting it expire.
+DROP_WITHIN_S = 1.5
+
+
+@pytest.fixture
+def health_mesh(build_models: ModuleType, tmp_path: Path) -> Iterator[Mesh]:
+    repository = tmp_path / "models"
+    build_models.build_model(repository, "tiny_mlp")
+    with RedisServer() as server:
+        running = start_mesh(server.url, repository)
+        try:
+            yield running
+        finally:
+            running.stop()
+
+
+def status(mesh: Mesh, path: str) -> int:
+    return httpx.get(f"{mesh.url}{path}", timeout=5).status_code
+
+
+def both_ready(mesh: Mesh) -> tuple[int, int]:
+    return status(mesh, "/v2/health/ready"), status(mesh, "/v2/models/tiny_mlp/ready")
+
+
+def live_workers(mesh: Mesh) -> list[bytes]:
+    with redis.Redis.from_url(mesh.redis_url) as client:
+        return list(client.scan_iter(match=names.live_pattern(names.WORKER_GROUP)))
+
+
+def start_worker(mesh: Mesh) -> subprocess.Popen[bytes]:
+    """A worker pool started the way start_mesh starts one."""
+    env = {
+        **os.environ,
+        "WEIR_REDIS_URL": mesh.redis_url,
+        "WEIR_REPOSITORY": str(mesh.repository),
+        "WEIR_WORKER_TORCH_THREADS": "1",
+    }
+    command = [sys.executable, "-m", "weir.cli", "worker", "--pool", "cpu"]
+    return subprocess.Popen(command, env=env, cwd=ROOT)
+
+
+def assert_serves_tiny_mlp(mesh: Mesh, build_models: ModuleType) -> None:
+    x = np.random.default_rng(11).standard_normal((3, 64), dtype=np.float32)
+    body = {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3, 64], "data": x.tolist()}]
+    }
+    response = httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    got = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    with torch.inference_mode():
+        want = build_models.reference_module("tiny_mlp")(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+def test_readiness_follows_the_worker_down_and_up(
+    health_mesh: Mesh, build_models: ModuleType
+) -> None:
+    assert both_ready(health_mesh) == (200, 200)
+    assert len(live_workers(health_mesh)) == 1
+
+    worker = health_mesh.processes["worker"]
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(20) == 0, "the worker did not drain and exit cleanly on SIGTERM"
+
+    wait_until(
+        lambda: both_ready(health_mesh) == (503, 503), DROP_WITHIN_S, "readiness to drop to 503"
+    )
+    assert live_workers(health_mesh) == []
+    assert status(health_mesh, "/v2/health/live") == 200
+
+    # Mesh.stop stops whatever is in processes, so the new worker is stopped at the end.
+    health_mesh.processes["worker"] = start_worker(health_mesh)
+    wait_until(lambda: both_ready(health_mesh) == (200, 200), 60, "readiness to come back")
+    assert_serves_tiny_mlp(health_mesh, build_models)

@@ -1,0 +1,190 @@
+"""Python backend: a model written as a TorchServe-shaped handler in ``<version>/model.py``.
+
+The handler contract:
+
+- ``model.py`` defines the handler class. It is the class that the module-level name
+  ``handler`` is bound to, if there is one; otherwise the one class *defined* in
+  ``model.py`` (not imported into it) that has ``initialize`` and ``inference`` methods.
+  None or several such classes is a load error naming the file.
+- The class is built with no arguments, once per instance the ``instance_group`` asks
+  for, and ``initialize(context)`` is called once with a :class:`HandlerContext`: the model
+  name and version, the version directory (``model_dir``, where files such as a
+  ``tokenizer.json`` live), the :class:`~weir.config.ModelConfig` and its ``parameters``.
+- Each batch runs ``preprocess(batch)`` -> ``inference(data)`` -> ``postprocess(data)``.
+  ``batch`` maps every config input name to a numpy array holding the whole batch (the
+  first dimension is the batch when ``max_batch_size > 0``); ``BYTES`` inputs arrive as
+  object arrays of ``bytes``. What ``preprocess`` returns goes to ``inference``, and what
+  that returns to ``postprocess``; ``preprocess`` and ``postprocess`` are optional (the
+  identity when missing).
+- ``postprocess`` (or ``inference`` without it) returns a mapping from output name to
+  an array-like with one row per input row. Every config output must be present.
+  Numeric outputs are cast to the config datatype when numpy calls the cast safe or
+  same-kind (``float64`` to ``FP32``, not ``float`` to ``INT64``); ``BYTES`` outputs may
+  hold ``bytes`` or ``str``.
+- A :class:`~weir.errors.WeirError` raised by the handler keeps its meaning (raise
+  ``InvalidInput`` for a bad input: the client gets a 400); any other exception becomes a
+  :class:`~weir.errors.ServerError` naming the model and the stage that failed. Each
+  request of the batch gets that error.
+
+Calls come from one executor thread per instance, one batch at a time.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+import itertools
+import logging
+import re
+import sys
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from weir import datatypes
+from weir.config import ModelConfig
+from weir.errors import ConfigError, ServerError, WeirError
+from workers.backends.base import ModelBackend
+
+logger = logging.getLogger(__name__)
+
+MODEL_FILE = "model.py"
+REQUIRED_METHODS = ("initialize", "inference")
+# Every load of a model.py gets a module name of its own: instances share no module state.
+_LOADS = itertools.count()
+
+
+@dataclass(frozen=True, slots=True)
+class HandlerContext:
+    """What ``initialize(context)`` receives."""
+
+    model_name: str
+    model_version: str
+    model_dir: Path
+    config: ModelConfig
+    parameters: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def system_properties(self) -> dict[str, Any]:
+        """TorchServe's name for where the model's files are."""
+        return {"model_dir": str(self.model_dir), "gpu_id": None}
+
+
+class PythonBackend(ModelBackend):
+    """One instance of a Python handler."""
+
+    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
+        self.config = config
+        module = _load_module(config.name, version_dir)
+        handler_class = find_handler_class(module, version_dir / MODEL_FILE)
+        context = HandlerContext(
+            config.name, version_dir.name, version_dir, config, dict(config.parameters)
+        )
+        try:
+            self.handler = handler_class()
+            self.handler.initialize(context)
+        except Exception as exc:
+            raise ConfigError(
+                f"{version_dir / MODEL_FILE}: {handler_class.__name__}.initialize failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from exc
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        data: Any = self._stage("preprocess", inputs)
+        data = self._stage("inference", data)
+        data = self._stage("postprocess", data)
+        return self._outputs(data)
+
+    def _stage(self, name: str, data: Any) -> Any:
+        method: Callable[[Any], Any] | None = getattr(self.handler, name, None)
+        if method is None:
+            return data
+        try:
+            return method(data)
+        except WeirError:
+            raise
+        except Exception as exc:
+            logger.exception("python model %s: %s failed", self.config.name, name)
+            raise ServerError(
+                f"model '{self.config.name}' failed in {name}: {type(exc).__name__}: {exc}"
+            ) from exc
+
+    def _outputs(self, data: Any) -> dict[str, np.ndarray]:
+        if not isinstance(data, Mapping):
+            raise ServerError(
+                f"model '{self.config.name}' returned {type(data).__name__}; "
+                "postprocess must return a mapping of output name to array"
+            )
+        missing = [spec.name for spec in self.config.output if spec.name not in data]
+        if missing:
+            raise ServerError(f"model '{self.config.name}' returned no output {', '.join(missing)}")
+        return {
+            spec.name: self._array(spec.name, spec.datatype, data[spec.name])
+            for spec in self.config.output
+        }
+
+    def _array(self, name: str, datatype: str, value: Any) -> np.ndarray:
+        array = np.asarray(value)
+        if datatype == datatypes.BYTES:
+            return array if array.dtype == object else array.astype(object)
+        dtype = datatypes.NUMPY_DTYPES.get(datatype)
+        if dtype is None or array.dtype == dtype:
+            return array
+        if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+            raise ServerError(
+                f"model '{self.config.name}' returned {name} as {array.dtype}, "
+                f"config says {datatype}"
+            )
+        return array.astype(dtype)
+
+
+def _load_module(model_name: str, version_dir: Path) -> ModuleType:
+    """Import ``model.py`` by path, under a module name of its own for every load."""
+    path = version_dir / MODEL_FILE
+    if not path.is_file():
+        raise ConfigError(f"{version_dir}: no {MODEL_FILE}")
+    safe_name = re.sub(r"\W", "_", model_name)
+    module_name = f"weir_python_model_{safe_name}_v{version_dir.name}_{next(_LOADS)}"
+    spec = importlib.util.spec_from_file_location(module_name, path)
+    if spec is None or spec.loader is None:
+        raise ConfigError(f"{path}: cannot be imported")
+    module = importlib.util.module_from_spec(spec)
+    # Registered before running it, as an import would be, so dataclasses and pickle work.
+    sys.modules[module_name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as exc:
+        del sys.modules[module_name]
+        raise ConfigError(f"{path}: import failed: {type(exc).__name__}: {exc}") from exc
+    return module
+
+
+def find_handler_class(module: ModuleType, path: Path) -> type[Any]:
+    """The handler class of a ``model.py`` module, by the rule in the module docstring."""
+    chosen = getattr(module, "handler", None)
+    if chosen is not None:
+        if not inspect.isclass(chosen) or not _is_handler(chosen):
+            raise ConfigError(
+                f"{path}: handler must be a class with {' and '.join(REQUIRED_METHODS)}"
+            )
+        return chosen
+    found = [
+        cls
+        for _, cls in inspect.getmembers(module, inspect.isclass)
+        if cls.__module__ == module.__name__ and _is_handler(cls)
+    ]
+    if len(found) != 1:
+        names = ", ".join(cls.__name__ for cls in found) or "none"
+        raise ConfigError(
+            f"{path}: expected one class with {' and '.join(REQUIRED_METHODS)} methods "
+            f"(found {names}); or set handler = <the class>"
+        )
+    return found[0]
+
+
+def _is_handler(cls: type[Any]) -> bool:
+    return all(callable(getattr(cls, method, None)) for method in REQUIRED_METHODS)
