@@ -38,7 +38,7 @@ def create_app(settings: GatewaySettings, serve_metrics: bool = True) -> FastAPI
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, GatewayState]]:
         repository = Repository.load(settings.repository)
         redis = connect(settings.redis_url, retries=settings.redis_retries)
-        mesh = MeshClient(redis, settings)
+        mesh = MeshClient(redis, settings, repository)
         registry = CollectorRegistry()
         metrics = RequestMetrics(registry)
         exporter = None

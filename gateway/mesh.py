@@ -20,9 +20,11 @@ from redis.exceptions import RedisError
 
 from gateway.admission import Admission
 from gateway.codec import InferBody
+from pipelines.graph import load_pipelines
+from pipelines.route import Route, Router
 from weir import names, wire
 from weir.errors import DeadlineExceeded, InvalidInput, Unavailable
-from weir.repository import ModelEntry
+from weir.repository import ModelEntry, Repository
 from weir.settings import GatewaySettings
 from weir.wire import InferReply, InferRequest
 
@@ -34,9 +36,11 @@ RETRY_READ_S = 0.5
 class MeshClient:
     """Sends requests into the mesh and matches the replies that come back."""
 
-    def __init__(self, redis: Redis, settings: GatewaySettings) -> None:
+    def __init__(self, redis: Redis, settings: GatewaySettings, repository: Repository) -> None:
         self.redis = redis
         self.settings = settings
+        self.repository = repository
+        self.router = Router(redis, load_pipelines(repository))
         self.gateway_id = uuid.uuid4().hex[:16]
         self.reply_stream = names.reply_stream(self.gateway_id)
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
@@ -53,7 +57,10 @@ class MeshClient:
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         self.waiting[request.id] = future
         try:
-            await self._send(entry, request, batch, level)
+            if entry.config.is_ensemble:
+                await self._start_route(entry, version, request, body)
+            else:
+                await self._send(entry, request, batch, level)
             return await asyncio.wait_for(future, timeout_s)
         except TimeoutError:
             raise DeadlineExceeded(
@@ -62,6 +69,23 @@ class MeshClient:
             ) from None
         finally:
             self.waiting.pop(request.id, None)
+
+    async def _start_route(
+        self, entry: ModelEntry, version: str, request: InferRequest, body: InferBody
+    ) -> None:
+        """Write a pipeline request's inputs and queue the steps that can run first."""
+        plan = self.router.pipelines[entry.name].plan([o.name for o in body.outputs])
+        route = Route(entry.name, version, request.id, -1, plan.outputs)
+        try:
+            effects = await self.router.start(request, plan, route)
+        except RedisError as exc:
+            raise Unavailable(
+                f"cannot start the pipeline: {exc}", self.settings.retry_after_s
+            ) from None
+        for step_request, batch in effects.requests:
+            await self._send(self.repository.models[step_request.model], step_request, batch, 0)
+        for _, payload in effects.replies:
+            self._resolve(payload)
 
     def _timeout_s(self, entry: ModelEntry, body: InferBody) -> float:
         # The model's default_timeout_microseconds and the request's `timeout` parameter
@@ -95,15 +119,7 @@ class MeshClient:
         )
 
     async def _send(self, entry: ModelEntry, request: InferRequest, batch: int, level: int) -> None:
-        fields = {
-            wire.PAYLOAD: request.encode(),
-            wire.BATCH_SIZE: b"%d" % batch,
-            wire.DEADLINE: b"%d" % request.deadline_ms,
-            wire.REQUEST_ID: request.id.encode(),
-            wire.REPLY_TO: request.reply_to.encode(),
-        }
-        if level:
-            fields[wire.PRIORITY] = b"%d" % level
+        fields = wire.request_fields(request, batch, level)
         batching = entry.config.dynamic_batching
         limit = batching.default_queue_policy.max_queue_size if batching else 0
         retry_after_s = self.settings.retry_after_s

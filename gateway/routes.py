@@ -70,8 +70,13 @@ async def model_ready(request: Request, model: str) -> Response:
     version = _path_version(request)
     state = gateway_state(request)
     entry, version = state.repository.resolve(model, version)
+    needed = {(entry.name, version)}
+    if entry.config.is_ensemble:
+        # A pipeline is ready when a live worker serves every one of its steps.
+        steps = state.mesh.router.pipelines[entry.name].steps
+        needed = {(step.model, step.version) for step in steps}
     served = await _served(state)
-    return Response(status_code=200 if (entry.name, version) in served else 503)
+    return Response(status_code=200 if needed <= served else 503)
 
 
 @router.get("/v2/models/{model}/config", dependencies=INFERENCE)

@@ -49,6 +49,8 @@ def _check_names(config: ModelConfig, body: InferBody) -> None:
     for spec in config.input:
         if spec.name not in body.inputs and not spec.optional:
             raise InvalidInput(f"missing input '{spec.name}' for model '{config.name}'")
+    if config.is_ensemble:
+        return  # a pipeline request may name any of its tensors; its plan checks them
     outputs = {spec.name for spec in config.output}
     for requested in body.outputs:
         if requested.name not in outputs:

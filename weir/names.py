@@ -46,6 +46,11 @@ def model_stats(model: str, version: str) -> str:
     return _model_key(model, version, "stats")
 
 
+def route_state(request_id: str) -> str:
+    """The tensors and step claims of one pipeline request, while it runs."""
+    return f"{PREFIX}:route:{{{request_id}}}"
+
+
 def reply_stream(gateway_id: str) -> str:
     """Replies for the requests that one gateway process took."""
     return f"{PREFIX}:reply:{gateway_id}"

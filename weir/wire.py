@@ -60,6 +60,7 @@ class InferRequest:
     outputs: list[str] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
     ts: dict[str, int] = field(default_factory=dict)
+    route: dict[str, Any] | None = None
 
     def encode(self) -> bytes:
         return _pack(
@@ -73,6 +74,7 @@ class InferRequest:
                 "deadline_ms": self.deadline_ms,
                 "reply_to": self.reply_to,
                 "ts": self.ts,
+                "route": self.route,
             }
         )
 
@@ -89,6 +91,7 @@ class InferRequest:
             deadline_ms=int(m["deadline_ms"]),
             reply_to=m["reply_to"],
             ts=dict(m["ts"]),
+            route=m.get("route"),
         )
 
 
@@ -135,6 +138,20 @@ class InferReply:
             error=(str(error[0]), str(error[1])) if error else None,
             ts=dict(m["ts"]),
         )
+
+
+def request_fields(request: InferRequest, batch: int, level: int = 0) -> dict[bytes, bytes]:
+    """A request stream entry: the payload plus what the batcher reads without decoding."""
+    fields = {
+        PAYLOAD: request.encode(),
+        BATCH_SIZE: b"%d" % batch,
+        DEADLINE: b"%d" % request.deadline_ms,
+        REQUEST_ID: request.id.encode(),
+        REPLY_TO: request.reply_to.encode(),
+    }
+    if level:
+        fields[PRIORITY] = b"%d" % level
+    return fields
 
 
 def encode_batch(payloads: list[bytes]) -> bytes:

@@ -21,6 +21,7 @@ from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
 from redis.typing import EncodableT, FieldT
 
+from pipelines.route import Router
 from weir import names, wire
 from weir.errors import DeadlineExceeded, ServerError, WeirError
 from weir.reclaim import Reclaimer
@@ -38,13 +39,16 @@ RETRY_S = 0.5
 class Outcome:
     """What one batch produced, ready to write."""
 
-    __slots__ = ("answered", "compute_ns", "executions", "replies")
+    __slots__ = ("answered", "compute_ns", "executions", "forwards", "replies", "routed")
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, bytes]] = []
         self.executions: list[int] = []
         self.compute_ns = 0
         self.answered = 0
+        # Pipeline steps that finished, and the step requests they lead to.
+        self.routed: list[tuple[InferRequest, InferReply]] = []
+        self.forwards: list[tuple[InferRequest, int]] = []
 
 
 class WorkerLane:
@@ -58,6 +62,7 @@ class WorkerLane:
         version: str,
         runners: list[BatchRunner],
         settings: WorkerSettings,
+        router: Router,
     ) -> None:
         self.redis = redis
         self.group = group
@@ -65,6 +70,7 @@ class WorkerLane:
         self.version = version
         self.runners = runners
         self.settings = settings
+        self.router = router
         self.stream = names.batch_stream(entry.name, version)
         self.stats_key = names.model_stats(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
@@ -151,16 +157,18 @@ class WorkerLane:
         outcome.compute_ns = time.perf_counter_ns() - started
         by_id = {r.id: r for r in requests}
         for reply in replies:
-            outcome.replies.append((by_id[reply.id].reply_to, reply.encode()))
+            request = by_id[reply.id]
+            if request.route is not None:
+                outcome.routed.append((request, reply))
+            else:
+                outcome.replies.append((request.reply_to, reply.encode()))
         for request in requests:
             if request.deadline_ms <= now_ms:
                 error = DeadlineExceeded(
                     f"deadline passed before model '{request.model}' version "
                     f"'{request.version}' ran the request"
                 )
-                outcome.replies.append(
-                    (request.reply_to, InferReply.failure(request, error).encode())
-                )
+                outcome.replies.append((request.reply_to, _failure(request, error)))
         outcome.answered = len(requests)
         return outcome
 
@@ -170,6 +178,11 @@ class WorkerLane:
         """Write a batch's effects and ack it in one transaction, retrying while Redis is down."""
         while True:
             try:
+                if outcome.routed:
+                    effects = await self.router.advance(outcome.routed)
+                    outcome.routed = []
+                    outcome.replies.extend(effects.replies)
+                    outcome.forwards.extend(effects.requests)
                 async with self.redis.pipeline(transaction=True) as pipe:
                     if dead is not None:
                         pipe.xadd(self.dead_stream, dead)
@@ -184,6 +197,10 @@ class WorkerLane:
         maxlen = self.settings.reply_maxlen
         for reply_to, payload in outcome.replies:
             pipe.xadd(reply_to, {wire.PAYLOAD: payload}, maxlen=maxlen, approximate=True)
+        for request, batch in outcome.forwards:
+            stream = names.request_stream(request.model, request.version)
+            pipe.xadd(stream, wire.request_fields(request, batch))  # type: ignore[arg-type]
+            pipe.incr(names.queued_counter(request.model, request.version))
         for size in outcome.executions:
             pipe.hincrby(self.stats_key, "execution_count", 1)
             pipe.hincrby(self.stats_key, "inference_count", size)
@@ -208,7 +225,7 @@ class WorkerLane:
             requests = []
             logger.error("dead-lettered batch %s of %s is undecodable", entry.id, self.label)
         for request in requests:
-            outcome.replies.append((request.reply_to, InferReply.failure(request, error).encode()))
+            outcome.replies.append((request.reply_to, _failure(request, error)))
         outcome.answered = len(requests)
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
         dead: dict[FieldT, EncodableT] = {
@@ -228,3 +245,16 @@ def _decode(entry: Entry) -> list[InferRequest]:
         return [InferRequest.decode(p) for p in wire.decode_batch(entry.fields[wire.PAYLOAD])]
     except (KeyError, ValueError, TypeError) as exc:
         raise WeirError(f"undecodable batch: {exc}") from exc
+
+
+def _failure(request: InferRequest, error: WeirError) -> bytes:
+    """An error reply; a pipeline step's goes to the pipeline request it serves."""
+    reply = InferReply.failure(request, error)
+    if request.route is not None:
+        reply.id = str(request.route["request_id"])
+        error_message = (
+            f"pipeline '{request.route['pipeline']}' step {request.route['step']} "
+            f"(model '{request.model}' version {request.version}): {error.message}"
+        )
+        reply.error = (error.kind, error_message)
+    return reply.encode()

@@ -13,6 +13,8 @@ import logging
 import uuid
 from concurrent.futures import ThreadPoolExecutor
 
+from pipelines.graph import load_pipelines
+from pipelines.route import Router
 from weir import names
 from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
@@ -69,6 +71,7 @@ class Worker(Service):
             )
         self._configure_torch()
         repository = Repository.load(self.settings.repository)
+        router = Router(self.redis, load_pipelines(repository))
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
@@ -78,7 +81,9 @@ class Worker(Service):
                     )
                     for _ in range(count)
                 ]
-                lane = WorkerLane(self.redis, self.group, entry, version, runners, self.settings)
+                lane = WorkerLane(
+                    self.redis, self.group, entry, version, runners, self.settings, router
+                )
                 self.lanes.append(lane)
         await self.group.ensure([lane.stream for lane in self.lanes])
         await self.heartbeat.beat()

@@ -173,3 +173,21 @@ def test_tokenizer_pads_every_row_to_128_tokens(
     assert ids.shape == mask.shape == (1, 128)
     assert ids[0, :4].tolist() == [101, 7592, 2088, 102]  # [CLS] hello world [SEP]
     assert mask[0].sum() == 4 and not ids[0, 4:].any()
+
+
+def test_pipeline_served_by_the_mesh_matches_sentence_transformers(
+    mesh: Mesh, expected: np.ndarray
+) -> None:
+    # One request to the ensemble: the gateway starts the route, each step runs in its own
+    # model's batcher and pool, the embedding comes back.
+    body = {"inputs": [{"name": "TEXT", "datatype": "BYTES", "shape": [4, 1], "data": SENTENCES}]}
+    reply = httpx.post(f"{mesh.url}/v2/models/minilm_embed/infer", json=body, timeout=60)
+    assert reply.status_code == 200, reply.text
+    (output,) = reply.json()["outputs"]
+    assert output["name"] == "EMBEDDING"
+    served = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    assert_same_embeddings(served, expected)
+
+    client = httpclient.InferenceServerClient(mesh.url.removeprefix("http://"))
+    text = np.array([[s.encode()] for s in SENTENCES], dtype=object)
+    assert_same_embeddings(infer(client, "minilm_embed", {"TEXT": text})["EMBEDDING"], expected)
