@@ -9,6 +9,7 @@ asked for as ``binary_data`` (or all, with ``binary_data_output``) follow the JS
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -194,7 +195,7 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
     """Build a tensor from JSON ``data`` (flat or nested, row-major)."""
     if datatype == datatypes.BF16:
         raise InvalidInput(f"input '{name}': BF16 data must use the binary data extension")
-    flat = _flatten(name, data)
+    flat, types = _flatten(data)
     if len(flat) != math.prod(shape):
         raise InvalidInput(
             f"input '{name}': shape {list(shape)} needs {math.prod(shape)} elements, "
@@ -204,15 +205,28 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
         return Tensor(
             datatype, shape, datatypes.serialize_bytes([_json_bytes(name, e) for e in flat])
         )
-    return Tensor(datatype, shape, _numeric(name, datatype, flat).tobytes())
+    return Tensor(datatype, shape, _numeric(name, datatype, flat, types).tobytes())
 
 
-def _flatten(name: str, data: Any) -> list[Any]:
-    """Row-major elements of nested lists; iterative, so no nesting depth can overflow."""
+def _flatten(data: Any) -> tuple[list[Any], set[type]]:
+    """Row-major elements of nested lists, and their types.
+
+    Regular nesting is unwound a level at a time in C; ragged nesting falls back to an
+    iterative walk, so no depth can overflow the stack.
+    """
     if not isinstance(data, list):
-        return [data]
-    if not any(isinstance(e, list) for e in data):
-        return data
+        return [data], {type(data)}
+    while True:
+        types = set(map(type, data))
+        if list not in types:
+            return data, types
+        if types != {list}:
+            flat = _flatten_ragged(data)
+            return flat, set(map(type, flat))
+        data = list(itertools.chain.from_iterable(data))
+
+
+def _flatten_ragged(data: list[Any]) -> list[Any]:
     flat: list[Any] = []
     stack = [iter(data)]
     while stack:
@@ -226,12 +240,13 @@ def _flatten(name: str, data: Any) -> list[Any]:
     return flat
 
 
-def _numeric(name: str, datatype: str, flat: list[Any]) -> np.ndarray:
+def _numeric(name: str, datatype: str, flat: list[Any], types: set[type]) -> np.ndarray:
     dtype = datatypes.numpy_dtype(datatype)
     wanted = "b" if dtype.kind == "b" else ("f" if dtype.kind == "f" else "i")
-    for element in flat:
-        if _json_kind(element) not in _ACCEPTS[wanted]:
-            raise InvalidInput(f"input '{name}': {element!r} is not a valid {datatype} value")
+    # One pass in C over the element types; the per-element search runs only on an error.
+    if not types <= _ACCEPTED_TYPES[wanted]:
+        bad = next(e for e in flat if type(e) not in _ACCEPTED_TYPES[wanted])
+        raise InvalidInput(f"input '{name}': {bad!r} is not a valid {datatype} value")
     try:
         with np.errstate(over="raise", invalid="ignore"):
             return np.array(flat, dtype=dtype)
@@ -239,18 +254,8 @@ def _numeric(name: str, datatype: str, flat: list[Any]) -> np.ndarray:
         raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
 
 
-# JSON element kinds each numpy kind accepts: ints may fill float tensors, never the reverse.
-_ACCEPTS = {"b": {"b"}, "i": {"i"}, "f": {"i", "f"}}
-
-
-def _json_kind(element: Any) -> str:
-    if isinstance(element, bool):
-        return "b"
-    if isinstance(element, int):
-        return "i"
-    if isinstance(element, float):
-        return "f"
-    return "?"
+# JSON element types each numpy kind accepts: ints may fill float tensors, never the reverse.
+_ACCEPTED_TYPES: dict[str, set[type]] = {"b": {bool}, "i": {int}, "f": {int, float}}
 
 
 def _json_bytes(name: str, element: Any) -> bytes:

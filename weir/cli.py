@@ -19,6 +19,7 @@ from typing import Any
 
 from weir import __version__
 from weir.errors import ConfigError
+from weir.service import run
 from weir.settings import (
     BatcherSettings,
     GatewaySettings,
@@ -78,7 +79,7 @@ def _run_up(options: dict[str, Any]) -> int:
     from weir.embedded import Embedded
 
     service = Embedded(UpSettings(**options))
-    asyncio.run(service.serve())
+    run(service)
     return service.exit_code
 
 
@@ -97,23 +98,25 @@ def _run_gateway(options: dict[str, Any]) -> int:
 def _run_batcher(options: dict[str, Any]) -> int:
     from batcher.service import Batcher
 
-    asyncio.run(Batcher(BatcherSettings(**options)).serve())
+    run(Batcher(BatcherSettings(**options)))
     return 0
 
 
 def _run_dead_letters(options: dict[str, Any]) -> int:
-    from weir.deadletters import run
+    from weir import deadletters
 
     settings = ServiceSettings(**{k: v for k, v in options.items() if k in {"redis_url"}})
     return asyncio.run(
-        run(settings.redis_url, options["action"], options.get("model"), options.get("letter_id"))
+        deadletters.run(
+            settings.redis_url, options["action"], options.get("model"), options.get("letter_id")
+        )
     )
 
 
 def _run_worker(options: dict[str, Any]) -> int:
     from workers.service import Worker
 
-    asyncio.run(Worker(WorkerSettings(**options)).serve())
+    run(Worker(WorkerSettings(**options)))
     return 0
 
 

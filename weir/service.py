@@ -91,3 +91,14 @@ class Service(ABC):
         finally:
             for sig in HANDLED_SIGNALS:
                 loop.remove_signal_handler(sig)
+
+
+def run(service: Service) -> None:
+    """Run ``service`` to completion on uvloop when it is installed, else asyncio's loop."""
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(service.serve())
+        return
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+        runner.run(service.serve())
