@@ -31,7 +31,14 @@ RETRY_SEND_S = 0.5
 class BatcherLane:
     """The queue and the dispatcher of one (model, version)."""
 
-    def __init__(self, redis: Redis, group: StreamGroup, entry: ModelEntry, version: str) -> None:
+    def __init__(
+        self,
+        redis: Redis,
+        group: StreamGroup,
+        entry: ModelEntry,
+        version: str,
+        work_conserving: bool = True,
+    ) -> None:
         self.redis = redis
         self.group = group
         self.model = entry.name
@@ -44,6 +51,7 @@ class BatcherLane:
         self.batches = entry.config.max_batch_size > 0
         self.credits = 0
         self.credit_ids: list[bytes] = []
+        self.work_conserving = work_conserving
         self.wake = asyncio.Event()
 
     def add(self, entry: Entry, now_s: float) -> None:
@@ -67,6 +75,9 @@ class BatcherLane:
         self.credit_ids.append(entry.id)
         self.wake.set()
 
+    def _idle_worker(self) -> bool:
+        return self.work_conserving and self.credits > 0
+
     def cap_credits(self, instances: int) -> None:
         """Credits never exceed the live instances (a dead worker's credits expire)."""
         self.credits = min(self.credits, instances)
@@ -77,14 +88,14 @@ class BatcherLane:
             await self._wait(should_exit)
             expired = self.queue.drop_expired(time.time() * 1000)
             now_s = float("inf") if should_exit.is_set() else time.monotonic()
-            batch = self.queue.take(now_s, eager=self.credits > 0)
+            batch = self.queue.take(now_s, eager=self._idle_worker())
             if batch or expired or self.credit_ids:
                 await self._send(batch, expired)
 
     async def _wait(self, should_exit: asyncio.Event) -> None:
         deadline = self.queue.deadline_s()
         timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if should_exit.is_set() or timeout == 0.0 or (self.credits > 0 and self.queue):
+        if should_exit.is_set() or timeout == 0.0 or (self._idle_worker() and self.queue):
             return
         self.wake.clear()
         waiters = [

@@ -56,7 +56,9 @@ class Batcher(Service):
         repository = Repository.load(self.settings.repository)
         for entry in repository:
             for version in () if entry.config.is_ensemble else entry.versions:
-                lane = BatcherLane(self.redis, self.group, entry, version)
+                lane = BatcherLane(
+                    self.redis, self.group, entry, version, self.settings.work_conserving
+                )
                 self.lanes[lane.request_stream] = lane
                 self.routes[lane.request_stream] = (lane, False)
                 self.routes[lane.credit_stream] = (lane, True)

@@ -63,6 +63,9 @@ class BatcherSettings(ServiceSettings):
     trim_interval_s: float = Field(1.0, gt=0)
     reclaim_interval_s: float = Field(1.0, gt=0)
     reclaim_idle_ms: int = Field(1000, ge=0, description="idle time before claiming")
+    work_conserving: bool = Field(
+        True, description="send at once while a worker is idle; false: Triton's plain rule"
+    )
 
 
 class WorkerSettings(ServiceSettings):
