@@ -5,8 +5,10 @@ one: compose.yaml against the Compose Specification's own schema (shipped by
 check-jsonschema), Kubernetes objects against the Kubernetes OpenAPI schemas (shipped by
 kubernetes-validate), and the rest against Weir itself: every command is a real ``weir``
 invocation, every environment variable a real setting, probes hit real routes on the port
-the gateway binds, grace periods cover the drain, images and ports agree everywhere, and
-KEDA scales each worker pool on the batch streams of exactly the models it serves.
+the gateway binds, grace periods cover the drain, images and ports agree everywhere, only
+the gateway serves (and Prometheus scrapes) metrics, every ``WEIR_*`` name the deploy files
+and their docs mention is a real setting, and KEDA scales each worker pool on the batch
+streams of exactly the models it serves.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import json
+import math
 import os
 import re
 import shutil
@@ -35,13 +38,20 @@ from pydantic_settings import BaseSettings
 import weir
 from weir import cli, names
 from weir.config import load_config
-from weir.settings import BatcherSettings, GatewaySettings, WorkerSettings
+from weir.settings import (
+    BatcherSettings,
+    GatewaySettings,
+    ServiceSettings,
+    UpSettings,
+    WorkerSettings,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 COMPOSE_FILE = ROOT / "compose.yaml"
 K8S = ROOT / "deploy" / "k8s"
 DOCKER = ROOT / "deploy" / "docker"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
+DEPLOY_DOCS = (ROOT / "deploy" / "README.md", ROOT / "docs" / "deploy-section.md")
 EXAMPLES = ROOT / "examples" / "models"
 
 WEIR_SERVICES = ("gateway", "batcher", "worker-cpu", "worker-gpu")
@@ -52,6 +62,8 @@ SETTINGS_BY_COMMAND: dict[str, type[BaseSettings]] = {
 }
 HEALTH_PATHS = {"readinessProbe": "/v2/health/ready", "livenessProbe": "/v2/health/live"}
 METRICS_PORT = 8002
+# Pod names a Deployment's pods get; what the downward API's metadata.name gives a container.
+POD_NAME = "{workload}-5d9c7b6f4-x7k2p"
 # The oldest Kubernetes whose schemas kubernetes-validate ships; the base must apply there.
 KUBERNETES_VERSION = "1.29.0"
 CUSTOM_KINDS = {("keda.sh/v1alpha1", "ScaledObject")}
@@ -140,20 +152,35 @@ def configmap_env() -> dict[str, str]:
     return {k: v for cm in k8s_objects("ConfigMap").values() for k, v in cm["data"].items()}
 
 
-def container_env(container: dict[str, Any]) -> dict[str, str]:
-    """The environment a container gets from its ConfigMaps and ``env`` entries."""
+def container_env(container: dict[str, Any], workload: str = "pod") -> dict[str, str]:
+    """The environment a container of ``workload`` gets from its ConfigMaps and ``env``."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         env.update(k8s_objects("ConfigMap")[source["configMapRef"]["name"]]["data"])
     for variable in container.get("env", []):
-        env[variable["name"]] = variable.get("value") or _field_value(container, variable)
+        if "value" in variable:
+            env[variable["name"]] = variable["value"]
+        else:
+            env[variable["name"]] = _downward_value(container, workload, variable["valueFrom"])
     return env
 
 
-def _field_value(container: dict[str, Any], variable: dict[str, Any]) -> str:
-    ref = variable["valueFrom"]["resourceFieldRef"]
+def _downward_value(container: dict[str, Any], workload: str, source: dict[str, Any]) -> str:
+    """What the downward API gives: a resource (rounded up, as Kubernetes does), the pod name."""
+    if "fieldRef" in source:
+        assert source["fieldRef"]["fieldPath"] == "metadata.name", source
+        return POD_NAME.format(workload=workload)
+    ref = source["resourceFieldRef"]
+    assert ref["containerName"] == container["name"], ref
+    assert str(ref["divisor"]) == "1", ref
     section, _, resource = ref["resource"].partition(".")
-    return str(container["resources"][section][resource])
+    return str(math.ceil(cpu_cores(container["resources"][section][resource])))
+
+
+def cpu_cores(quantity: str | int | float) -> float:
+    """A CPU quantity (``2``, ``"500m"``) in cores."""
+    text = str(quantity)
+    return float(text[:-1]) / 1000 if text.endswith("m") else float(text)
 
 
 def weir_argv(container: dict[str, Any]) -> list[str]:
@@ -255,7 +282,9 @@ def test_compose_gateway_publishes_http_and_its_healthcheck_asks_readiness() -> 
     gateway = compose_services()["gateway"]
     http_port = gateway["environment"]["WEIR_GATEWAY_HTTP_PORT"]
     assert [p.rpartition(":")[2] for p in gateway["ports"]] == [http_port]
-    assert str(METRICS_PORT) in gateway["expose"]
+    # Metrics stay inside the compose network: exposed to Prometheus, published nowhere.
+    assert gateway["environment"]["WEIR_GATEWAY_METRICS_PORT"] == str(METRICS_PORT)
+    assert gateway["expose"] == [str(METRICS_PORT)]
     test = gateway["healthcheck"]["test"]
     assert test[:3] == ["CMD", "python", "-c"] and "/v2/health/ready" in test[3]
     assert duration_s(gateway["healthcheck"]["start_period"]) >= 30
@@ -308,7 +337,25 @@ def test_compose_images_are_this_version_built_from_the_repository_dockerfiles()
         assert image == ("weir-cuda" if dockerfile.suffix == ".cuda" else "weir")
 
 
-def test_prometheus_scrapes_every_weir_service_on_the_metrics_port() -> None:
+def test_compose_gateway_processes_default_to_one_and_follow_the_environment(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for env, processes in (({}, 1), ({"WEIR_GATEWAY_PROCESSES": "4"}, 4)):
+        gateway = load_compose(env)["services"]["gateway"]
+        settings = settings_from(gateway["command"], gateway["environment"], monkeypatch)
+        assert isinstance(settings, GatewaySettings)
+        assert settings.processes == processes
+        assert settings.metrics_port == METRICS_PORT
+
+
+def test_only_the_compose_gateway_declares_a_metrics_port() -> None:
+    # The batcher and workers serve no metrics: the gateway exports theirs from Redis.
+    for name in ("batcher", "worker-cpu", "worker-gpu"):
+        service = compose_services()[name]
+        assert "expose" not in service and "ports" not in service, name
+
+
+def test_prometheus_scrapes_only_the_gateway_on_its_metrics_port() -> None:
     prometheus = compose_services()["prometheus"]
     mount = next(v for v in prometheus["volumes"] if isinstance(v, dict))
     assert ROOT / mount["source"] == PROMETHEUS_CONFIG and mount["read_only"] is True
@@ -317,9 +364,8 @@ def test_prometheus_scrapes_every_weir_service_on_the_metrics_port() -> None:
     for job in config["scrape_configs"]:
         for sd in job.get("dns_sd_configs", []):
             scraped.update(dict.fromkeys(sd["names"], sd["port"]))
-    assert {name: scraped.get(name) for name in WEIR_SERVICES} == dict.fromkeys(
-        WEIR_SERVICES, METRICS_PORT
-    )
+    gateway_port = int(compose_services()["gateway"]["environment"]["WEIR_GATEWAY_METRICS_PORT"])
+    assert scraped == {"gateway": gateway_port}
 
 
 # --- images -----------------------------------------------------------------------------------
@@ -345,6 +391,7 @@ def test_dockerfiles_are_multi_stage_non_root_and_pin_the_projects_torch() -> No
     gateway_port = compose_services()["gateway"]["environment"]["WEIR_GATEWAY_HTTP_PORT"]
     assert f"EXPOSE {gateway_port} {METRICS_PORT}" in cpu
     cuda = (DOCKER / "Dockerfile.cuda").read_text()
+    assert not re.search(r"^EXPOSE", cuda, flags=re.MULTILINE), "GPU workers listen on no port"
     assert dockerfile_args(cuda)["CUDA_IMAGE"].startswith("nvidia/cuda:")
     assert dockerfile_args(cuda)["TENSORRT_PACKAGE"].startswith("tensorrt")
 
@@ -452,7 +499,7 @@ def test_k8s_weir_containers_run_real_commands_with_valid_settings(
 ) -> None:
     for name, _, container in containers():
         argv = weir_argv(container)
-        settings = settings_from(argv, container_env(container), monkeypatch)
+        settings = settings_from(argv, container_env(container, name), monkeypatch)
         assert argv == compose_services()[name]["command"], f"{name} runs something else"
         mount = next(m for m in container["volumeMounts"] if m["name"] == "models")
         assert mount["mountPath"] == str(settings.repository) and mount["readOnly"] is True
@@ -490,16 +537,57 @@ def test_k8s_gateway_probes_hit_real_health_routes_on_the_port_the_gateway_binds
         get = gateway[probe]["httpGet"]
         assert get["path"] == path and client.get(path).status_code != 404, probe
         assert ports[get["port"]] == bound, f"{probe} probes a port the gateway does not bind"
+    metrics = int(container_env(gateway)["WEIR_GATEWAY_METRICS_PORT"])
+    assert ports == {"http": bound, "metrics": metrics} and metrics == METRICS_PORT
     service = k8s_objects("Service")["gateway"]
     targets = {port["port"]: ports[port["targetPort"]] for port in service["spec"]["ports"]}
-    assert targets == {bound: bound, METRICS_PORT: METRICS_PORT}
+    assert targets == {bound: bound, metrics: metrics}
+
+
+def test_k8s_only_the_gateway_serves_and_is_annotated_for_metrics() -> None:
+    for name, workload in k8s_objects("Deployment").items():
+        template = workload["spec"]["template"]
+        annotations = template["metadata"].get("annotations", {})
+        declared = [p for c in template["spec"]["containers"] for p in c.get("ports", [])]
+        if name == "gateway":
+            assert annotations["prometheus.io/scrape"] == "true"
+            assert annotations["prometheus.io/port"] == str(METRICS_PORT)
+            assert annotations["prometheus.io/path"] == "/metrics"
+        else:
+            # Batcher and workers serve no metrics: the gateway exports theirs from Redis.
+            assert not declared, f"{name} declares ports it never listens on"
+            assert not any(k.startswith("prometheus.io/") for k in annotations), name
+
+
+def test_k8s_gateway_runs_a_process_per_requested_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    gateway = next(c for n, _, c in containers() if n == "gateway")
+    (variable,) = [v for v in gateway["env"] if v["name"] == "WEIR_GATEWAY_PROCESSES"]
+    assert variable["valueFrom"]["resourceFieldRef"]["resource"] == "requests.cpu"
+    settings = settings_from(weir_argv(gateway), container_env(gateway, "gateway"), monkeypatch)
+    assert isinstance(settings, GatewaySettings)
+    requested = cpu_cores(gateway["resources"]["requests"]["cpu"])
+    assert settings.processes == math.ceil(requested) >= 1
+
+
+def test_k8s_workers_are_named_after_their_pods(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A restarted container of a pod comes back under the pod's name and resumes its batches.
+    for name, _, container in containers():
+        if not name.startswith("worker-"):
+            continue
+        (variable,) = [v for v in container["env"] if v["name"] == "WEIR_WORKER_NAME"]
+        assert variable["valueFrom"] == {"fieldRef": {"fieldPath": "metadata.name"}}, name
+        env = container_env(container, name)
+        settings = settings_from(weir_argv(container), env, monkeypatch)
+        assert isinstance(settings, WorkerSettings)
+        assert settings.name == POD_NAME.format(workload=name)
 
 
 def test_k8s_termination_grace_covers_prestop_and_the_drain(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     for name, pod, container in containers():
-        settings = settings_from(weir_argv(container), container_env(container), monkeypatch)
+        env = container_env(container, name)
+        settings = settings_from(weir_argv(container), env, monkeypatch)
         pre_stop = container.get("lifecycle", {}).get("preStop", {}).get("exec", {})
         sleep_s = float(pre_stop["command"][1]) if pre_stop else 0.0
         grace = pod["terminationGracePeriodSeconds"]
@@ -595,3 +683,39 @@ def check_lag_trigger(trigger: dict[str, Any]) -> str:
     assert host == f"redis.{kustomization()['namespace']}.svc.cluster.local"
     assert int(port) == service["spec"]["ports"][0]["port"]
     return str(meta["stream"])
+
+
+# --- documentation ----------------------------------------------------------------------------
+
+# Variables of compose.yaml and the Dockerfiles that never reach Weir.
+DEPLOY_ONLY_VARIABLES = {
+    "WEIR_IMAGE",
+    "WEIR_CUDA_IMAGE",
+    "WEIR_MODELS_DIR",
+    "WEIR_HTTP_PORTS",
+    "WEIR_EXTRAS",
+}
+
+
+def test_every_weir_variable_the_deploy_files_and_docs_name_is_a_real_setting() -> None:
+    settings = set().union(
+        *(
+            setting_env_names(cls)
+            for cls in (ServiceSettings, GatewaySettings, BatcherSettings, WorkerSettings)
+        ),
+        setting_env_names(UpSettings),
+    )
+    texts = [
+        COMPOSE_FILE,
+        PROMETHEUS_CONFIG,
+        *DEPLOY_DOCS,
+        *K8S.glob("*.yaml"),
+        *DOCKER.iterdir(),
+    ]
+    unknown = {
+        f"{path.relative_to(ROOT)}: {variable}"
+        for path in texts
+        for variable in re.findall(r"\bWEIR_[A-Z0-9_]*[A-Z0-9]\b", path.read_text())
+        if variable not in settings | DEPLOY_ONLY_VARIABLES
+    }
+    assert not unknown, sorted(unknown)
