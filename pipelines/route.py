@@ -19,6 +19,7 @@ from typing import Any
 
 import msgpack
 from redis.asyncio import Redis
+from redis.exceptions import NoScriptError
 
 from pipelines.graph import Pipeline, Plan, Step
 from weir import names, wire
@@ -160,12 +161,25 @@ class Router:
         return effects
 
     async def _advance_all(self, work: list[tuple[Any, ...]]) -> Effects:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for request, route, plan, produced, token in work:
-                keys, args = self._script_call(route, plan, produced, token, request.deadline_ms)
-                await self.script(keys=keys, args=args, client=pipe)
-            started = await pipe.execute()
+        calls = [
+            self._script_call(route, plan, produced, token, request.deadline_ms)
+            for request, route, plan, produced, token in work
+        ]
+        try:
+            started = await self._run_scripts(calls)
+        except NoScriptError:
+            # Redis lost its script cache (a restart): load it again and run once more.
+            await self.redis.script_load(_ADVANCE)
+            started = await self._run_scripts(calls)
         return await self._follow(work, started)
+
+    async def _run_scripts(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
+        # EVALSHA straight on the pipeline: redis-py's Script would first ask SCRIPT EXISTS,
+        # a second round trip on every call.
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for keys, args in calls:
+                pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+            return await pipe.execute()
 
     def _script_call(
         self, route: Route, plan: Plan, produced: dict[str, Tensor], token: str, deadline_ms: int
