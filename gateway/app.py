@@ -7,12 +7,12 @@ import contextlib
 import logging
 from collections.abc import AsyncIterator
 
-import orjson
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
+from gateway.errors import error_response
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
@@ -72,23 +72,17 @@ def create_app(settings: GatewaySettings, serve_metrics: bool = True) -> FastAPI
     return app
 
 
-def _error(message: str, status_code: int) -> Response:
-    return Response(orjson.dumps({"error": message}), status_code, media_type="application/json")
-
-
 async def _weir_error(_: Request, exc: Exception) -> Response:
     if not isinstance(exc, WeirError):
         raise exc
-    response = _error(exc.message, exc.http_status)
-    response.headers.update(exc.headers)
-    return response
+    return error_response(exc.message, exc.http_status, exc.headers)
 
 
 async def _http_error(_: Request, exc: Exception) -> Response:
     if not isinstance(exc, HTTPException):
         raise exc
-    return _error(str(exc.detail), exc.status_code)
+    return error_response(str(exc.detail), exc.status_code)
 
 
 async def _validation_error(_: Request, exc: Exception) -> Response:
-    return _error(f"invalid request: {exc}", 400)
+    return error_response(f"invalid request: {exc}", 400)

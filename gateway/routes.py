@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
-import functools
 from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
 from redis.exceptions import RedisError
 
-from gateway import codec, metadata
+from gateway import metadata
 from gateway.auth import inference_scope, management_scope
 from gateway.health import served_models
+from gateway.inference import run_infer
 from gateway.state import GatewayState, gateway_state
-from gateway.validation import check_request, precheck_input
 from weir import names
-from weir.errors import BodyTooLarge, InvalidInput, Unavailable, WeirError
-from weir.tensors import Tensor
+from weir.errors import Unavailable
 
 router = APIRouter()
 INFERENCE = [Depends(inference_scope)]
@@ -104,70 +102,11 @@ async def model_stats(request: Request, model: str) -> Response:
 @router.post("/v2/models/{model}/infer", dependencies=INFERENCE)
 @router.post("/v2/models/{model}/versions/{version}/infer", dependencies=INFERENCE)
 async def infer(request: Request, model: str) -> Response:
-    version = _path_version(request)
-    state = gateway_state(request)
-    entry, version = state.repository.resolve(model, version)
-    try:
-        raw = await _read_body(request, state.settings.body_limit_bytes)
-        precheck = functools.partial(precheck_input, entry.config)
-        body = codec.parse_infer_body(raw, _header_length(request), precheck)
-        batch = check_request(entry.config, body)
-        reply = await state.mesh.infer(entry, version, body, batch)
-        reply.raise_for_error()
-    except WeirError as exc:
-        state.metrics.failed(entry.name, version, exc.kind)
-        raise
-    state.metrics.answered(entry.name, version, reply)
-    content, header_length = codec.render_infer_response(
-        entry.name, version, body.id, _outputs(body, reply.outputs)
-    )
-    if header_length is None:
-        return Response(content, media_type=JSON)
-    return Response(
-        content,
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(header_length)},
-    )
-
-
-def _outputs(body: codec.InferBody, outputs: dict[str, Tensor]) -> list[tuple[str, Tensor, bool]]:
-    default = body.binary_output_default
-    if not body.outputs:
-        return [(name, tensor, default) for name, tensor in outputs.items()]
-    return [
-        (o.name, outputs[o.name], default if o.binary is None else o.binary) for o in body.outputs
-    ]
+    # Served by gateway.fastpath before FastAPI sees it; kept for the OpenAPI description.
+    return await run_infer(gateway_state(request), request, model, _path_version(request))
 
 
 def _path_version(request: Request) -> str | None:
     # Read from the path only: a `version` query parameter must not select a version.
     version = request.path_params.get("version")
     return None if version is None else str(version)
-
-
-def _header_length(request: Request) -> int | None:
-    raw = request.headers.get(HEADER_LENGTH)
-    if raw is None:
-        return None
-    if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
-        raise InvalidInput(f"Inference-Header-Content-Length {raw[:32]!r} is not a byte count")
-    return int(raw)
-
-
-async def _read_body(request: Request, limit_bytes: int) -> bytes:
-    """The body, refused as soon as it is known to exceed ``limit_bytes``."""
-    declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise _too_large(int(declared), limit_bytes)
-    chunks: list[bytes] = []
-    received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit_bytes:
-            raise _too_large(received, limit_bytes)
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _too_large(size: int, limit_bytes: int) -> BodyTooLarge:
-    return BodyTooLarge(f"request body of {size} bytes or more exceeds the limit of {limit_bytes}")

@@ -27,6 +27,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 
 from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
+from gateway.fastpath import InferFastPath
 from weir.repository import Repository
 from weir.settings import GatewaySettings
 
@@ -50,7 +51,7 @@ class _Server(uvicorn.Server):
 
 def _config(settings: GatewaySettings, serve_metrics: bool) -> uvicorn.Config:
     return uvicorn.Config(
-        create_app(settings, serve_metrics=serve_metrics),
+        InferFastPath(create_app(settings, serve_metrics=serve_metrics)),
         host=settings.host,
         port=settings.http_port,
         loop="auto",
