@@ -19,7 +19,6 @@ from pathlib import Path
 from weir.config import ModelConfig, load_config
 from weir.ensemble import check_ensemble
 from weir.errors import ConfigError, NotFound
-from weir.pbtxt import load_pbtxt
 
 CONFIG_FILE = "config.yaml"
 PBTXT_FILE = "config.pbtxt"
@@ -96,6 +95,9 @@ def _load_model(model_dir: Path) -> ModelEntry:
         config = load_config(config_path, model_dir.name)
     elif (model_dir / PBTXT_FILE).is_file():
         config_path = model_dir / PBTXT_FILE
+        # protobuf and tritonclient's messages cost ~20 MB per process: only when needed.
+        from weir.pbtxt import load_pbtxt
+
         config = load_pbtxt(config_path, model_dir.name)
     else:
         raise ConfigError(f"{model_dir}: no {CONFIG_FILE} or {PBTXT_FILE}")

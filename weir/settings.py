@@ -66,6 +66,9 @@ class BatcherSettings(ServiceSettings):
     work_conserving: bool = Field(
         True, description="send at once while a worker is idle; false: Triton's plain rule"
     )
+    busy_hold_s: float = Field(
+        1.0, ge=0, description="longest a request is held while every worker is busy"
+    )
 
 
 class WorkerSettings(ServiceSettings):
