@@ -51,7 +51,7 @@ COMPOSE_FILE = ROOT / "compose.yaml"
 K8S = ROOT / "deploy" / "k8s"
 DOCKER = ROOT / "deploy" / "docker"
 PROMETHEUS_CONFIG = ROOT / "deploy" / "prometheus" / "prometheus.yml"
-DEPLOY_DOCS = (ROOT / "deploy" / "README.md", ROOT / "docs" / "deploy-section.md")
+DEPLOY_DOCS = (ROOT / "deploy" / "README.md", ROOT / "README.md")
 EXAMPLES = ROOT / "examples" / "models"
 
 WEIR_SERVICES = ("gateway", "batcher", "worker-cpu", "worker-gpu")
