@@ -119,9 +119,13 @@ async def closed_loop(
     concurrency: int,
     stop: asyncio.Event,
     max_requests: int,
+    outcomes: list[Outcome] | None = None,
 ) -> list[Outcome]:
-    """``concurrency`` clients, each sending its next request when the last is answered."""
-    outcomes: list[Outcome] = []
+    """``concurrency`` clients, each sending its next request when the last is answered.
+
+    Outcomes are appended to ``outcomes`` (when given) as they come, for a watcher.
+    """
+    outcomes = [] if outcomes is None else outcomes
     counter = iter(range(max_requests))
 
     async def client_loop(client: httpx.AsyncClient) -> None:
