@@ -38,6 +38,7 @@ class BatcherLane:
         entry: ModelEntry,
         version: str,
         work_conserving: bool = True,
+        busy_hold_s: float = 1.0,
     ) -> None:
         self.redis = redis
         self.group = group
@@ -52,6 +53,7 @@ class BatcherLane:
         self.credits = 0
         self.credit_ids: list[bytes] = []
         self.work_conserving = work_conserving
+        self.busy_hold_s = busy_hold_s
         self.wake = asyncio.Event()
 
     def add(self, entry: Entry, now_s: float) -> None:
@@ -75,8 +77,23 @@ class BatcherLane:
         self.credit_ids.append(entry.id)
         self.wake.set()
 
-    def _idle_worker(self) -> bool:
-        return self.work_conserving and self.credits > 0
+    def _decide(self, now_s: float) -> tuple[float | None, list[Queued]]:
+        """When to look again, and the batch to send now (possibly empty).
+
+        A worker idle: work-conserving sends what is queued at once, the plain rule waits out
+        the delay. Every worker busy: only full batches go ahead, and the rest waits for a
+        credit (the queue keeps growing into a bigger batch), at most ``busy_hold_s``.
+        """
+        oldest = self.queue.oldest_s()
+        if oldest is None:
+            return None, []
+        if self.credits > 0:
+            if self.work_conserving:
+                return None, self.queue.take(now_s, eager=True)
+            return oldest + self.queue.max_queue_delay_s, self.queue.take(now_s)
+        if now_s >= oldest + self.busy_hold_s:
+            return None, self.queue.take(float("inf"))
+        return oldest + self.busy_hold_s, self.queue.take(now_s, full_only=True)
 
     def cap_credits(self, instances: int) -> None:
         """Credits never exceed the live instances (a dead worker's credits expire)."""
@@ -84,20 +101,27 @@ class BatcherLane:
 
     async def dispatch(self, should_exit: asyncio.Event) -> None:
         """Send batches as the rule lets them leave, until told to exit and empty."""
+        wake_at: float | None = None
+        sent = False
         while not (should_exit.is_set() and not self.queue):
-            await self._wait(should_exit)
+            if not sent:  # after a batch, look again at once: more may be ready
+                await self._wait(should_exit, wake_at)
+            # Cleared before the state is read: whatever arrives from here on wakes us again.
+            self.wake.clear()
             expired = self.queue.drop_expired(time.time() * 1000)
-            now_s = float("inf") if should_exit.is_set() else time.monotonic()
-            batch = self.queue.take(now_s, eager=self._idle_worker())
+            if should_exit.is_set():
+                # Leaving: what is queued goes now rather than waiting for anything.
+                wake_at, batch = None, self.queue.take(float("inf"))
+            else:
+                wake_at, batch = self._decide(time.monotonic())
             if batch or expired or self.credit_ids:
                 await self._send(batch, expired)
+            sent = bool(batch)
 
-    async def _wait(self, should_exit: asyncio.Event) -> None:
-        deadline = self.queue.deadline_s()
-        timeout = None if deadline is None else max(deadline - time.monotonic(), 0.0)
-        if should_exit.is_set() or timeout == 0.0 or (self._idle_worker() and self.queue):
+    async def _wait(self, should_exit: asyncio.Event, wake_at: float | None) -> None:
+        timeout = None if wake_at is None else max(wake_at - time.monotonic(), 0.0)
+        if should_exit.is_set() or timeout == 0.0 or self.wake.is_set():
             return
-        self.wake.clear()
         waiters = [
             asyncio.ensure_future(self.wake.wait()),
             asyncio.ensure_future(should_exit.wait()),

@@ -72,9 +72,13 @@ class BatchQueue:
     def _ordered(self) -> Iterator[Queued]:
         return itertools.chain.from_iterable(self.levels)
 
+    def oldest_s(self) -> float | None:
+        """When the oldest queued request arrived (monotonic), or None if empty."""
+        return min((level[0].arrived_s for level in self.levels if level), default=None)
+
     def deadline_s(self) -> float | None:
         """When the oldest request's delay runs out (monotonic), or None if empty."""
-        oldest = min((level[0].arrived_s for level in self.levels if level), default=None)
+        oldest = self.oldest_s()
         return None if oldest is None else oldest + self.max_queue_delay_s
 
     def drop_expired(self, now_ms: float) -> list[Queued]:
@@ -96,9 +100,13 @@ class BatchQueue:
         self._count -= len(expired)
         return expired
 
-    def take(self, now_s: float, eager: bool = False) -> list[Queued]:
-        """The batch that should leave now, removed from the queue; empty if none should."""
-        count = self._ready_count(now_s, eager)
+    def take(self, now_s: float, eager: bool = False, full_only: bool = False) -> list[Queued]:
+        """The batch that should leave now, removed from the queue; empty if none should.
+
+        ``full_only``: only a full batch leaves (every worker is busy, so anything smaller
+        would wait in the stream while more requests could still join it).
+        """
+        count = self._full_count() if full_only else self._ready_count(now_s, eager)
         batch: list[Queued] = []
         for level in self.levels:
             while level and len(batch) < count:
@@ -117,6 +125,13 @@ class BatchQueue:
         deadline = self.deadline_s()
         expired = deadline is not None and now_s >= deadline
         return len(totals) if full or expired or eager else 0
+
+    def _full_count(self) -> int:
+        if not self._count:
+            return 0
+        totals = self._fitting_totals()
+        full = len(totals) < self._count or totals[-1] >= self.max_batch_size
+        return len(totals) if full else 0
 
     def _fitting_totals(self) -> list[int]:
         """Running batch sizes of the longest prefix that fits (at least one request)."""

@@ -57,7 +57,12 @@ class Batcher(Service):
         for entry in repository:
             for version in () if entry.config.is_ensemble else entry.versions:
                 lane = BatcherLane(
-                    self.redis, self.group, entry, version, self.settings.work_conserving
+                    self.redis,
+                    self.group,
+                    entry,
+                    version,
+                    self.settings.work_conserving,
+                    self.settings.busy_hold_s,
                 )
                 self.lanes[lane.request_stream] = lane
                 self.routes[lane.request_stream] = (lane, False)
