@@ -188,3 +188,25 @@ def test_payloads_travel_with_their_entries() -> None:
     queue = BatchQueue(2, (), max_queue_delay_s=0.0)
     fill(queue, [1, 1])
     assert [q.payload for q in queue.take(0.0)] == [b"p0", b"p1"]
+
+
+def test_full_only_holds_a_partial_batch_even_past_its_delay() -> None:
+    queue = BatchQueue(8, preferred_sizes=(2,), max_queue_delay_s=0.001)
+    fill(queue, [1, 1, 1])
+    assert queue.take(now_s=10.0, full_only=True) == []
+    assert len(queue) == 3
+
+
+def test_full_only_lets_a_full_batch_go_ahead() -> None:
+    queue = BatchQueue(4, max_queue_delay_s=10.0)
+    fill(queue, [2, 2, 1])
+    assert [q.size for q in queue.take(now_s=0.0, full_only=True)] == [2, 2]
+    assert len(queue) == 1
+
+
+def test_oldest_arrival_is_reported_for_the_hold_deadline() -> None:
+    queue = BatchQueue(4)
+    assert queue.oldest_s() is None
+    queue.add(item(1, at=2.5))
+    queue.add(item(2, at=3.0))
+    assert queue.oldest_s() == 2.5
