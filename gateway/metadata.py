@@ -66,13 +66,18 @@ def model_statistics(
         "version": version,
         "inference_count": counts.get("inference_count", 0),
         "execution_count": counts.get("execution_count", 0),
-        "inference_stats": {
-            "compute_infer": {
-                "count": counts.get("execution_count", 0),
-                "ns": counts.get("compute_ns", 0),
-            },
-        },
+        "inference_stats": _inference_stats(counts),
         "batch_stats": [
             {"batch_size": size, "compute_infer": {"count": count}} for size, count in batches
         ],
     }
+
+
+def _inference_stats(counts: dict[str, int]) -> dict[str, dict[str, int]]:
+    """Per request, as Triton counts them: each request counts its batch's compute time."""
+    succeeded = counts.get("success_count", 0)
+    phases = ("queue", "compute_input", "compute_infer", "compute_output")
+    stats = {phase: {"count": succeeded, "ns": counts.get(f"{phase}_ns", 0)} for phase in phases}
+    stats["success"] = {"count": succeeded, "ns": sum(s["ns"] for s in stats.values())}
+    stats["fail"] = {"count": counts.get("fail_count", 0), "ns": 0}
+    return stats

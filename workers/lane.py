@@ -39,13 +39,17 @@ RETRY_S = 0.5
 class Outcome:
     """What one batch produced, ready to write."""
 
-    __slots__ = ("answered", "compute_ns", "executions", "forwards", "replies", "routed")
+    __slots__ = (
+        "answered", "compute_ns", "executions", "forwards", "phases", "replies", "routed"
+    )  # fmt: skip
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, bytes]] = []
         self.executions: list[int] = []
         self.compute_ns = 0
         self.answered = 0
+        # Per request, summed: success/fail counts and queue and compute nanoseconds.
+        self.phases: dict[str, int] = {}
         # Pipeline steps that finished, and the step requests they lead to.
         self.routed: list[tuple[InferRequest, InferReply]] = []
         self.forwards: list[tuple[InferRequest, int]] = []
@@ -155,6 +159,7 @@ class WorkerLane:
         started = time.perf_counter_ns()
         replies, outcome.executions = runner.run(live) if live else ([], [])
         outcome.compute_ns = time.perf_counter_ns() - started
+        outcome.phases = _phase_totals(replies)
         by_id = {r.id: r for r in requests}
         for reply in replies:
             request = by_id[reply.id]
@@ -207,6 +212,8 @@ class WorkerLane:
             pipe.hincrby(self.stats_key, f"batch_size:{size}", 1)
         if outcome.executions:
             pipe.hincrby(self.stats_key, "compute_ns", outcome.compute_ns)
+        for phase, total in outcome.phases.items():
+            pipe.hincrby(self.stats_key, phase, total)
         pipe.decrby(self.queued_key, outcome.answered)
         self.announce(pipe, 1)
         self.group.ack(pipe, self.stream, [entry_id])
@@ -258,3 +265,27 @@ def _failure(request: InferRequest, error: WeirError) -> bytes:
         )
         reply.error = (error.kind, error_message)
     return reply.encode()
+
+
+# Triton's per-request statistics: (counter, start stamp, end stamp).
+PHASES = (
+    ("queue", "gateway_in", "compute_start"),
+    ("compute_input", "compute_start", "compute_input_end"),
+    ("compute_infer", "compute_input_end", "compute_infer_end"),
+    ("compute_output", "compute_infer_end", "compute_end"),
+)
+
+
+def _phase_totals(replies: list[InferReply]) -> dict[str, int]:
+    """Counts and summed nanoseconds of each phase over a batch's replies."""
+    totals = {"success_count": 0, "fail_count": 0}
+    for reply in replies:
+        if reply.error is not None:
+            totals["fail_count"] += 1
+            continue
+        totals["success_count"] += 1
+        for name, start, end in PHASES:
+            if start in reply.ts and end in reply.ts:
+                key = f"{name}_ns"
+                totals[key] = totals.get(key, 0) + max(reply.ts[end] - reply.ts[start], 0)
+    return {k: v for k, v in totals.items() if v}

@@ -148,3 +148,16 @@ def test_a_failing_step_answers_once_naming_step_model_and_version(pipeline_mesh
         f"{pipeline_mesh.url}/v2/models/combo/infer", json=body(np.ones((1, 4), np.float32))
     )
     assert ok.status_code == 200
+
+
+def test_each_step_records_its_queue_and_compute_time(pipeline_mesh: Mesh) -> None:
+    x = np.ones((2, 4), dtype=np.float32)
+    assert httpx.post(f"{pipeline_mesh.url}/v2/models/combo/infer", json=body(x)).status_code == 200
+    for step_model in ("double", "square", "add"):
+        response = httpx.get(f"{pipeline_mesh.url}/v2/models/{step_model}/stats")
+        (stats,) = response.json()["model_stats"]
+        inference = stats["inference_stats"]
+        assert inference["success"]["count"] >= 1, step_model
+        for phase in ("queue", "compute_input", "compute_infer", "compute_output"):
+            assert inference[phase]["count"] == inference["success"]["count"], (step_model, phase)
+            assert inference[phase]["ns"] > 0, (step_model, phase)
