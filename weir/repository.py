@@ -13,6 +13,7 @@ torch.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -69,6 +70,7 @@ class Repository:
             if model_dir.name.startswith("."):
                 continue
             entry = _load_model(model_dir)
+            _check_inside(root, entry)
             models[entry.name] = entry
         for entry in models.values():
             check_ensemble(entry, models)
@@ -85,8 +87,15 @@ class Repository:
             raise NotFound(f"unknown version '{version}' of model '{name}'")
         return entry, version
 
-    def __iter__(self):  # type: ignore[no-untyped-def]
+    def __iter__(self) -> Iterator[ModelEntry]:
         return iter(self.models.values())
+
+
+def _check_inside(root: Path, entry: ModelEntry) -> None:
+    """Refuse a model or version directory that leads out of the repository (a symlink)."""
+    for path in (entry.path, *(entry.version_path(v) for v in entry.versions)):
+        if path.exists() and not path.resolve().is_relative_to(root):
+            raise ConfigError(f"{path}: leads outside the model repository {root}")
 
 
 def _load_model(model_dir: Path) -> ModelEntry:

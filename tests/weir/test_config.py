@@ -412,3 +412,17 @@ def test_resolve_version_not_served_raises_not_found(tmp_path: Path) -> None:
         repository.resolve("m", "1")
     with pytest.raises(NotFound, match="unknown version '9'"):
         repository.resolve("m", "9")
+
+
+def test_a_version_directory_linking_outside_the_repository_is_refused(tmp_path: Path) -> None:
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    root = tmp_path / "repo"
+    (root / "m").mkdir(parents=True)
+    (root / "m" / "config.yaml").write_text(
+        "backend: pytorch\ninput: [{name: X, data_type: TYPE_FP32, dims: [1]}]\n"
+        "output: [{name: Y, data_type: TYPE_FP32, dims: [1]}]\n"
+    )
+    (root / "m" / "1").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(ConfigError, match="leads outside the model repository"):
+        Repository.load(root)
