@@ -30,10 +30,10 @@ test: models
 	$(BIN)/python -m pytest
 
 # The benchmark (bench/README.md): raw torch, a naive FastAPI baseline and Weir, one run.
-# It installs what only it needs (matplotlib, psutil; wrk with apt-get when missing).
+# It installs what only it needs (the bench extra; wrk with apt-get when missing).
 # Options: make bench BENCH_ARGS="--models tiny_mlp --duration-s 4"
 bench: models
-	$(BIN)/python -m pip install --quiet matplotlib psutil
+	$(BIN)/python -m pip install --quiet -e ".[bench]"
 	$(BIN)/python -m bench.run $(BENCH_ARGS)
 
 lint: install

@@ -1,0 +1,172 @@
+"""``make bench``: the raw limit, a naive baseline and Weir, measured in one run.
+
+For each model: the raw limit (torch alone, in a subprocess) at batch sizes 1 to 64; then, at
+each concurrency, a closed-loop wrk run against the naive FastAPI baseline and against Weir
+(``weir up``), with the same body, each after a warm-up run. Weir's mean batch size per point
+comes from its statistics endpoint; its memory from the ``weir up`` process tree. Writes
+``<out>/<timestamp>.json``, ``<out>/latest.md`` and ``<out>/latest.png`` and prints the tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.analysis import Point, fastest, targets
+from bench.machine import load_average, machine_info, timestamp
+from bench.memory import MIB, PeakRss
+from bench.plot import save_plot
+from bench.points import PointRunner, Schedule
+from bench.servers import ROOT, baseline_server, weir_server
+from bench.workload import bench_repository, weights_bytes, write_body
+from bench.wrk import ensure_wrk
+from weir.redis_server import free_port
+from weir.settings import WorkerSettings
+
+logger = logging.getLogger("bench")
+
+MODELS = "tiny_mlp,wide_mlp,bert_mini"
+CONCURRENCY = "1,8,32,64"
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench.run", description=__doc__)
+    parser.add_argument("--models", default=MODELS, help=f"comma-separated (default {MODELS})")
+    parser.add_argument("--concurrency", default=CONCURRENCY, help=f"default {CONCURRENCY}")
+    parser.add_argument("--duration-s", type=int, default=8, help="measured seconds per point")
+    parser.add_argument("--warmup-s", type=int, default=3, help="warm-up seconds per point")
+    parser.add_argument("--raw-s", type=float, default=1.0, help="timed seconds per batch size")
+    parser.add_argument("--repository", type=Path, default=ROOT / "examples" / "models")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    return parser.parse_args(argv)
+
+
+def worker_threads() -> int:
+    """The torch thread count a `weir up` worker gets (from WEIR_WORKER_*); 0: torch's own."""
+    settings = WorkerSettings()  # type: ignore[call-arg]  # pydantic-settings fills it in
+    return settings.torch_threads
+
+
+def ensure_models(repository: Path, models: list[str]) -> None:
+    if all((repository / m / "1" / "model.pt").is_file() for m in models):
+        return
+    builder = ROOT / "examples" / "build_models.py"
+    subprocess.run([sys.executable, str(builder), "--repository", str(repository)], check=True)
+
+
+def measure_raw(repository: Path, models: list[str], threads: int, raw_s: float) -> Any:
+    command = [sys.executable, "-m", "bench.raw", "--repository", str(repository)]
+    command += ["--models", ",".join(models), "--threads", str(threads), "--min-s", str(raw_s)]
+    # stdout carries the JSON; the subprocess's log lines go through to ours on stderr.
+    done = subprocess.run(command, cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True)
+    return json.loads(done.stdout)
+
+
+def schedule(args: argparse.Namespace) -> Schedule:
+    concurrency = [int(c) for c in args.concurrency.split(",")]
+    return Schedule(concurrency, args.warmup_s, args.duration_s)
+
+
+def serve_and_measure(
+    args: argparse.Namespace, repository: Path, threads: int, work: Path
+) -> tuple[list[Point], PeakRss]:
+    models = args.models.split(",")
+    bodies = {m: write_body(repository, m, work / f"{m}.json") for m in models}
+    logs = args.out / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    baseline = baseline_server(repository, free_port(), threads, logs / "baseline.log")
+    weir = weir_server(repository, free_port(), logs / "weir.log")
+    with contextlib.ExitStack() as stack:
+        for server in (baseline, weir):
+            stack.callback(server.stop)
+            server.start()
+        for server in (baseline, weir):
+            server.wait_ready()
+        runner = PointRunner([baseline, weir], schedule(args))
+        with PeakRss(weir.pid) as rss:
+            points = runner.run(bodies)
+    return points, rss
+
+
+def memory_record(rss: PeakRss, repository: Path) -> dict[str, Any]:
+    weights = weights_bytes(repository)
+    return {
+        "peak_total_mib": rss.peak_bytes / MIB,
+        "weights_mib": weights / MIB,
+        "peak_minus_weights_mib": (rss.peak_bytes - weights) / MIB,
+        "processes": [{"label": n, "rss_mib": b / MIB} for n, b in rss.at_peak],
+    }
+
+
+def prepare(args: argparse.Namespace) -> dict[str, Any]:
+    """Check the tools and models; the machine's description, with its load before the run."""
+    ensure_wrk()
+    ensure_models(args.repository, args.models.split(","))
+    machine = machine_info()
+    if machine["load_avg_start"][0] > 0.5:
+        load = machine["load_avg_start"]
+        logger.warning("load average %s before the run: expect noisy numbers", load)
+    return machine
+
+
+def measure_all(args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, Any]:
+    started = timestamp()
+    models = args.models.split(",")
+    threads = worker_threads()
+    with tempfile.TemporaryDirectory(prefix="weir-bench-") as work:
+        repository = bench_repository(args.repository, models, args.out / "repository")
+        logger.info("raw limit of %s, torch threads %s", ", ".join(models), threads or "default")
+        raw_before = measure_raw(repository, models, threads, args.raw_s)
+        points, rss = serve_and_measure(args, repository, threads, Path(work))
+        logger.info("raw limit again, after the servers")
+        raw_after = measure_raw(repository, models, threads, args.raw_s)
+        memory = memory_record(rss, repository)
+    raw = {
+        "torch_threads": raw_before["torch_threads"],
+        "models": fastest(raw_before["models"], raw_after["models"]),
+        "before": raw_before["models"],
+        "after": raw_after["models"],
+    }
+    return {
+        "date": started,
+        "machine": {**machine, "load_avg_end": load_average()},
+        "settings": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
+        "raw": raw,
+        "points": [asdict(p) for p in points],
+        "memory": memory,
+    }
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
+    args.repository, args.out = args.repository.resolve(), args.out.resolve()
+    record = measure_all(args, prepare(args))
+    write_outputs(args.out, record)
+
+
+def write_outputs(out: Path, record: dict[str, Any]) -> None:
+    points = [Point(**p) for p in record["points"]]
+    found = targets(points, record["raw"]["models"], record["memory"]["peak_minus_weights_mib"])
+    record["targets"] = [t.as_dict() for t in found]
+    out.mkdir(parents=True, exist_ok=True)
+    report.write_json(out / f"{record['date'].replace(':', '')}.json", record)
+    table = report.markdown(record, points, found)
+    (out / "latest.md").write_text(table)
+    models = [m for m in record["raw"]["models"] if any(p.model == m for p in points)]
+    save_plot(out / "latest.png", points, record["raw"]["models"], models)
+    logger.info("wrote %s, latest.md and latest.png in %s", record["date"], out)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()
