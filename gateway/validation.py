@@ -31,21 +31,19 @@ def precheck_input(config: ModelConfig, name: str, datatype: str, shape: tuple[i
     """Refuse an input by its header alone (name, datatype, shape), before its data."""
     spec = config.input_spec(name)
     if spec is None:
-        expected = ", ".join(sorted(s.name for s in config.input))
-        raise InvalidInput(
-            f"unexpected input '{name}' for model '{config.name}'; expected {expected}"
-        )
+        raise _unexpected_input(config, name)
     _check_tensor(config, spec, Tensor(datatype, shape, b""))
 
 
+def _unexpected_input(config: ModelConfig, name: str) -> InvalidInput:
+    expected = ", ".join(sorted(spec.name for spec in config.input))
+    return InvalidInput(f"unexpected input '{name}' for model '{config.name}'; expected {expected}")
+
+
 def _check_names(config: ModelConfig, body: InferBody) -> None:
-    expected = {spec.name for spec in config.input}
     for name in body.inputs:
-        if name not in expected:
-            raise InvalidInput(
-                f"unexpected input '{name}' for model '{config.name}'; "
-                f"expected {', '.join(sorted(expected))}"
-            )
+        if config.input_spec(name) is None:
+            raise _unexpected_input(config, name)
     for spec in config.input:
         if spec.name not in body.inputs and not spec.optional:
             raise InvalidInput(f"missing input '{spec.name}' for model '{config.name}'")
