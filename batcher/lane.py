@@ -52,6 +52,7 @@ class BatcherLane:
         self.batches = entry.config.max_batch_size > 0
         self.credits = 0
         self.credit_ids: list[bytes] = []
+        self.sending: set[bytes] = set()  # taken from the queue, not yet acked
         self.work_conserving = work_conserving
         self.busy_hold_s = busy_hold_s
         self.wake = asyncio.Event()
@@ -95,6 +96,11 @@ class BatcherLane:
             return None, self.queue.take(float("inf"))
         return oldest + self.busy_hold_s, self.queue.take(now_s, full_only=True)
 
+    def held(self) -> set[bytes]:
+        """Every entry this lane has read and not yet acked."""
+        queued = (item.entry_id for level in self.queue.levels for item in level)
+        return {*queued, *self.credit_ids, *self.sending}
+
     def cap_credits(self, instances: int) -> None:
         """Credits never exceed the live instances (a dead worker's credits expire)."""
         self.credits = min(self.credits, instances)
@@ -134,6 +140,7 @@ class BatcherLane:
 
     async def _send(self, batch: list[Queued], expired: list[Queued]) -> None:
         credit_ids, self.credit_ids = self.credit_ids, []
+        self.sending = {q.entry_id for q in (*batch, *expired)}.union(credit_ids)
         try:
             async with self.redis.pipeline(transaction=True) as pipe:
                 if batch:
@@ -153,8 +160,10 @@ class BatcherLane:
             logger.warning("sending a batch of %s failed, keeping it: %s", self.model, exc)
             self.queue.restore([*batch, *expired])
             self.credit_ids[:0] = credit_ids
+            self.sending = set()
             await asyncio.sleep(RETRY_SEND_S)
             return
+        self.sending = set()
         if batch:
             self.credits -= 1
 

@@ -112,8 +112,8 @@ class Batcher(Service):
 
     async def _upkeep(self) -> None:
         """Claim what dead batchers left pending; cap credits to the live instances."""
-        for stream in self.routes:
-            claimed = await self.reclaimer.claim(stream, self.settings.read_count)
+        for stream, (lane, _) in self.routes.items():
+            claimed = await self.reclaimer.claim(stream, self.settings.read_count, lane.held())
             if claimed.retry:
                 logger.info(
                     "claimed %d entries of %s from dead batchers", len(claimed.retry), stream

@@ -9,6 +9,7 @@ caller to dead-letter instead of running it again.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any, cast
 
@@ -35,8 +36,13 @@ class Reclaimer:
         self.min_idle_ms = min_idle_ms
         self.max_deliveries = max_deliveries
 
-    async def claim(self, stream: str, count: int) -> Claimed:
-        """Up to ``count`` entries of ``stream`` whose owners are dead."""
+    async def claim(self, stream: str, count: int, held: Collection[bytes] = ()) -> Claimed:
+        """Up to ``count`` entries of ``stream`` whose owners are dead, or lost by this one.
+
+        An entry pending on this very consumer that it does not hold (``held``: what it has
+        queued or is working on) was delivered in a reply lost with its connection; it is
+        taken again like a dead consumer's.
+        """
         pending: list[dict[str, Any]] = await self.redis.xpending_range(
             stream,
             self.group.group,
@@ -48,7 +54,7 @@ class Reclaimer:
         if not pending:
             return Claimed([], [])
         live = await live_consumers(self.redis, self.group.group)
-        orphans = [p for p in pending if _text(p["consumer"]) not in live][:count]
+        orphans = [p for p in pending if self._orphaned(p, live, held)][:count]
         if not orphans:
             return Claimed([], [])
         deliveries = {p["message_id"]: int(p["times_delivered"]) + 1 for p in orphans}
@@ -62,6 +68,14 @@ class Reclaimer:
         claimed = cast(list[tuple[bytes, dict[bytes, bytes] | None]], reply)
         entries = [Entry(stream, entry_id, fields) for entry_id, fields in claimed if fields]
         return self._sort(entries, deliveries)
+
+    def _orphaned(
+        self, pending: dict[str, Any], live: Collection[str], held: Collection[bytes]
+    ) -> bool:
+        owner = _text(pending["consumer"])
+        if owner == self.group.consumer:
+            return pending["message_id"] not in held
+        return owner not in live
 
     def _sort(self, entries: list[Entry], deliveries: dict[bytes, int]) -> Claimed:
         if not self.max_deliveries:

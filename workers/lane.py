@@ -81,6 +81,7 @@ class WorkerLane:
         self.queued_key = names.queued_counter(entry.name, version)
         self.dead_stream = names.dead_letter_stream(entry.name, version)
         self.reclaimer = Reclaimer(group, settings.reclaim_idle_ms, settings.max_deliveries)
+        self.held: set[bytes] = set()  # entries taken and not yet acked
         self.free = asyncio.Semaphore(len(runners))
         self.queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize=len(runners))
 
@@ -113,6 +114,7 @@ class WorkerLane:
                 entries = []
                 await asyncio.sleep(RETRY_S)
             for entry in entries:
+                self.held.add(entry.id)
                 self.queue.put_nowait(entry)
             for _ in range(slots - len(entries)):
                 self.free.release()
@@ -126,7 +128,7 @@ class WorkerLane:
         return slots
 
     async def _reclaim(self, slots: int) -> list[Entry]:
-        claimed = await self.reclaimer.claim(self.stream, slots)
+        claimed = await self.reclaimer.claim(self.stream, slots, self.held)
         for entry, deliveries in claimed.poisoned:
             await self._dead_letter(entry, f"delivered {deliveries} times")
         if claimed.retry:
@@ -148,6 +150,7 @@ class WorkerLane:
             else:
                 await self._write(entry.id, outcome)
             finally:
+                self.held.discard(entry.id)
                 self.queue.task_done()
                 self.free.release()
 

@@ -58,6 +58,8 @@ def test_redis_outage_gives_503_only_while_down(
             return await load
 
         asyncio.run(run())
+        print(f"redis outage: {len(outcomes)} sent, {sum(o.status == 200 for o in outcomes)} "
+              f"answered 200, {sum(o.status == 503 for o in outcomes)} answered 503")  # fmt: skip
         failures = [(o.status, o.error) for o in outcomes if o.status not in (200, 503)]
         assert failures == []
         unavailable = [o for o in outcomes if o.status == 503]

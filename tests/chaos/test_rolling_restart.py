@@ -77,6 +77,8 @@ def test_rolling_restart_of_every_service_fails_no_request(
                 assert gateway.wait(30) == 0
 
             outcomes = asyncio.run(run())
+            print(f"rolling restart: {len(outcomes)} sent, "
+                  f"{sum(o.status == 200 for o in outcomes)} answered 200")  # fmt: skip
             failures = [(o.status, o.error) for o in outcomes if o.status != 200]
             assert failures == []
             assert len(outcomes) > 200

@@ -77,6 +77,8 @@ def test_sigkill_mid_batch_answers_all_200_requests(
                     return [held, await sending]
 
             held, outcomes = asyncio.run(run())
+            print(f"worker kill: {len(outcomes)} sent, {sum(o.status == 200 for o in outcomes)} "
+                  f"answered 200, killed worker held {held} batch(es)")  # fmt: skip
             assert held > 0
             assert [(o.status, o.error) for o in outcomes if o.status != 200] == []
             assert len(outcomes) == 200
