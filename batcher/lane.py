@@ -101,9 +101,18 @@ class BatcherLane:
         queued = (item.entry_id for level in self.queue.levels for item in level)
         return {*queued, *self.credit_ids, *self.sending}
 
-    def cap_credits(self, instances: int) -> None:
-        """Credits never exceed the live instances (a dead worker's credits expire)."""
+    def resync_credits(self, instances: int, workers_idle: bool) -> None:
+        """Bring the credits back in line with the live instances.
+
+        Never more than the live instances (a dead worker's credits expire); all of them
+        when the batch stream shows every worker idle (credits lost, say while Redis was
+        down, come back). No live instance seen at all may be a heartbeat gap: no change.
+        """
+        if instances <= 0:
+            return
         self.credits = min(self.credits, instances)
+        if workers_idle:
+            self.credits = max(self.credits, instances)
 
     async def dispatch(self, should_exit: asyncio.Event) -> None:
         """Send batches as the rule lets them leave, until told to exit and empty."""

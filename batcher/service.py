@@ -120,10 +120,42 @@ class Batcher(Service):
                 )
             self._route(claimed.retry)
         instances = served_instances(await live_consumers(self.redis, names.WORKER_GROUP))
+        idle = await self._idle_batch_streams()
         for lane in self.lanes.values():
-            lane.cap_credits(instances.get((lane.model, lane.version), 0))
+            key = (lane.model, lane.version)
+            lane.resync_credits(instances.get(key, 0), lane.batch_stream in idle)
+
+    async def _idle_batch_streams(self) -> set[str]:
+        """Batch streams with nothing pending and nothing undelivered: their workers idle."""
+        streams = [lane.batch_stream for lane in self.lanes.values()]
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for stream in streams:
+                pipe.xpending(stream, names.WORKER_GROUP)
+                pipe.xinfo_groups(stream)
+                pipe.xinfo_stream(stream)
+            replies = await pipe.execute(raise_on_error=False)
+        return {
+            stream
+            for stream, pending, groups, info in zip(
+                streams, replies[::3], replies[1::3], replies[2::3], strict=True
+            )
+            if _idle(pending, groups, info)
+        }
 
     async def shutdown(self) -> None:
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
         await self.heartbeat.stop()
         await self.redis.aclose()
+
+
+def _idle(pending: object, groups: object, info: object) -> bool:
+    if not (isinstance(pending, dict) and isinstance(groups, list) and isinstance(info, dict)):
+        return False
+    group = next((g for g in groups if _text(g.get("name")) == names.WORKER_GROUP), None)
+    if group is None or pending.get("pending"):
+        return False
+    return bool(group.get("last-delivered-id") == info.get("last-generated-id"))
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

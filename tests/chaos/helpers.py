@@ -120,12 +120,15 @@ async def closed_loop(
     stop: asyncio.Event,
     max_requests: int,
     outcomes: list[Outcome] | None = None,
+    in_flight: dict[str, int] | None = None,
 ) -> list[Outcome]:
     """``concurrency`` clients, each sending its next request when the last is answered.
 
-    Outcomes are appended to ``outcomes`` (when given) as they come, for a watcher.
+    Outcomes are appended to ``outcomes`` (when given) as they come, and ``in_flight``
+    counts the requests under way per URL, for a watcher.
     """
     outcomes = [] if outcomes is None else outcomes
+    in_flight = {} if in_flight is None else in_flight
     counter = iter(range(max_requests))
 
     async def client_loop(client: httpx.AsyncClient) -> None:
@@ -133,9 +136,12 @@ async def closed_loop(
             if stop.is_set():
                 return
             targets = urls()
-            outcomes.append(
-                await request(client, targets[i % len(targets)], model, rows, i % len(rows))
-            )
+            target = targets[i % len(targets)]
+            in_flight[target] = in_flight.get(target, 0) + 1
+            try:
+                outcomes.append(await request(client, target, model, rows, i % len(rows)))
+            finally:
+                in_flight[target] -= 1
 
     async with httpx.AsyncClient(timeout=60) as client:
         await asyncio.gather(*(client_loop(client) for _ in range(concurrency)))

@@ -54,11 +54,14 @@ def test_rolling_restart_of_every_service_fails_no_request(
             for url in urls[:2]:
                 wait_until(lambda u=url: http_ready(f"{u}/v2/health/ready"), 60, "the mesh")
             balanced = urls[:2]
+            in_flight: dict[str, int] = {}
 
             async def run() -> list:  # type: ignore[type-arg]
                 stop = asyncio.Event()
                 load = asyncio.create_task(
-                    closed_loop(lambda: balanced, "tiny_mlp", rows, 8, stop, 100_000)
+                    closed_loop(
+                        lambda: balanced, "tiny_mlp", rows, 8, stop, 100_000, None, in_flight
+                    )
                 )
                 await asyncio.to_thread(restart_all)
                 await asyncio.sleep(0.5)  # keep the load on the new topology for a moment
@@ -72,7 +75,9 @@ def test_rolling_restart_of_every_service_fails_no_request(
                         lambda: live_count(client, "batcher") == 2)  # fmt: skip
                 mesh.start("gateway", "gateway-3", WEIR_GATEWAY_HTTP_PORT=str(ports[2]))
                 wait_until(lambda: http_ready(f"{urls[2]}/v2/health/ready"), 60, "gateway-3")
+                # Like a load balancer: take it out of rotation, let what it has finish.
                 balanced[:] = urls[1:]
+                wait_until(lambda: in_flight.get(urls[0], 0) == 0, 10, "gateway-1 to be idle")
                 gateway.send_signal(signal.SIGTERM)
                 assert gateway.wait(30) == 0
 
