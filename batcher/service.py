@@ -24,7 +24,7 @@ from weir.reclaim import Reclaimer
 from weir.repository import Repository
 from weir.service import Service, TaskSet
 from weir.settings import BatcherSettings
-from weir.streams import Entry, StreamGroup
+from weir.streams import Entry, StreamGroup, group_info
 from weir.trim import Trimmer
 from weir.workload import served_instances
 
@@ -149,13 +149,9 @@ class Batcher(Service):
 
 
 def _idle(pending: object, groups: object, info: object) -> bool:
-    if not (isinstance(pending, dict) and isinstance(groups, list) and isinstance(info, dict)):
+    group = group_info(groups, names.WORKER_GROUP)
+    if group is None or not isinstance(pending, dict) or not isinstance(info, dict):
         return False
-    group = next((g for g in groups if _text(g.get("name")) == names.WORKER_GROUP), None)
-    if group is None or pending.get("pending"):
+    if pending.get("pending"):
         return False
     return bool(group.get("last-delivered-id") == info.get("last-generated-id"))
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)

@@ -9,7 +9,7 @@ before what it produced is in Redis.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.client import Pipeline
@@ -76,6 +76,13 @@ class StreamGroup:
     def ack(self, pipe: Pipeline, stream: str, ids: list[bytes]) -> None:
         """Queue the ack of ``ids`` on ``pipe``; it happens when the pipe executes."""
         pipe.xack(stream, self.group, *ids)
+
+
+def group_info(groups: object, group: str) -> dict[str, Any] | None:
+    """``group``'s entry in an ``XINFO GROUPS`` reply (None if absent or not a reply)."""
+    if not isinstance(groups, list):
+        return None
+    return next((g for g in groups if _text(g.get("name", b"")) == group), None)
 
 
 def _text(value: bytes | str) -> str:

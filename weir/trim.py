@@ -14,6 +14,8 @@ import logging
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
+from weir.streams import group_info
+
 logger = logging.getLogger(__name__)
 
 
@@ -56,15 +58,9 @@ class Trimmer:
 
 def _floor(group: str, groups: object, pending: object) -> bytes | None:
     """The lowest id the group still needs, or None when nothing is known."""
-    if not isinstance(groups, list) or not isinstance(pending, dict):
-        return None
-    info = next((g for g in groups if _text(g.get("name")) == group), None)
-    if info is None:
+    info = group_info(groups, group)
+    if info is None or not isinstance(pending, dict):
         return None
     if pending.get("pending"):
         return pending["min"]  # type: ignore[no-any-return]
-    return info.get("last-delivered-id")  # type: ignore[no-any-return]
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+    return info.get("last-delivered-id")
