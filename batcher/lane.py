@@ -26,6 +26,7 @@ from weir.wire import InferReply
 logger = logging.getLogger(__name__)
 
 RETRY_SEND_S = 0.5
+MAX_UNACKED_CREDITS = 256
 
 
 class BatcherLane:
@@ -129,7 +130,8 @@ class BatcherLane:
                 wake_at, batch = None, self.queue.take(float("inf"))
             else:
                 wake_at, batch = self._decide(time.monotonic())
-            if batch or expired or self.credit_ids:
+            # Credits are acked with the next batch: no round trip of their own.
+            if batch or expired or len(self.credit_ids) >= MAX_UNACKED_CREDITS:
                 await self._send(batch, expired)
             sent = bool(batch)
 
