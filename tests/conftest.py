@@ -131,6 +131,24 @@ def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | Non
     return mesh
 
 
+def assert_serves_tiny_mlp(mesh: Mesh, build_models: ModuleType, rows: int, seed: int) -> None:
+    """One tiny_mlp inference of ``rows`` seeded rows equals the torch reference."""
+    import numpy as np
+    import torch
+
+    x = np.random.default_rng(seed).standard_normal((rows, 64), dtype=np.float32)
+    body = {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [rows, 64], "data": x.tolist()}]
+    }
+    response = httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body, timeout=30)
+    assert response.status_code == 200, response.text
+    (output,) = response.json()["outputs"]
+    got = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
+    with torch.inference_mode():
+        want = build_models.reference_module("tiny_mlp")(torch.from_numpy(x)).numpy()
+    np.testing.assert_allclose(got, want, atol=1e-4)
+
+
 @pytest.fixture(scope="session")
 def mesh(redis_server: RedisServer, example_repository: Path) -> Iterator[Mesh]:
     running = start_mesh(redis_server.url, example_repository)

@@ -11,15 +11,12 @@ from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
-import httpx
-import numpy as np
 import pytest
 import redis
-import torch
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from tests.conftest import Mesh, start_mesh
+from tests.conftest import Mesh, assert_serves_tiny_mlp, start_mesh
 from weir import names
 from weir.redis_server import find_redis_server, free_port, wait_for_port
 
@@ -81,20 +78,6 @@ def run_mesh(redis_url: str, repository: Path) -> Iterator[Mesh]:
         running.stop()
 
 
-def assert_serves_tiny_mlp(mesh: Mesh, build_models: ModuleType) -> None:
-    x = np.random.default_rng(3).standard_normal((2, 64), dtype=np.float32)
-    body = {
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [2, 64], "data": x.tolist()}]
-    }
-    response = httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body, timeout=30)
-    assert response.status_code == 200, response.text
-    (output,) = response.json()["outputs"]
-    got = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-    with torch.inference_mode():
-        want = build_models.reference_module("tiny_mlp")(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4)
-
-
 def test_the_server_refuses_clients_without_the_password(password_redis: int) -> None:
     with (
         # No retries: an AuthenticationError is a ConnectionError, which redis-py retries.
@@ -114,7 +97,7 @@ def test_mesh_serves_with_a_password_in_the_url(
     url = f"redis://:{PASSWORD}@127.0.0.1:{password_redis}/0"
 
     for mesh in run_mesh(url, tiny_repository):
-        assert_serves_tiny_mlp(mesh, build_models)
+        assert_serves_tiny_mlp(mesh, build_models, rows=2, seed=3)
         with admin(password_redis) as client:
             assert client.exists(names.request_stream("tiny_mlp", "1"))
             assert int(client.hget(names.model_stats("tiny_mlp", "1"), "inference_count")) == 2
@@ -130,7 +113,7 @@ def test_mesh_serves_as_an_acl_user(
     url = f"redis://{ACL_USER}:{ACL_PASSWORD}@127.0.0.1:{password_redis}/0"
 
     for mesh in run_mesh(url, tiny_repository):
-        assert_serves_tiny_mlp(mesh, build_models)
+        assert_serves_tiny_mlp(mesh, build_models, rows=2, seed=3)
         with admin(password_redis) as client:
             users = {entry.get("user") for entry in client.client_list()}
             assert ACL_USER in users, users

@@ -14,12 +14,10 @@ from pathlib import Path
 from types import ModuleType
 
 import httpx
-import numpy as np
 import pytest
 import redis
-import torch
 
-from tests.conftest import ROOT, Mesh, start_mesh, wait_until
+from tests.conftest import ROOT, Mesh, assert_serves_tiny_mlp, start_mesh, wait_until
 from weir import names
 from weir.redis_server import RedisServer
 
@@ -66,20 +64,6 @@ def start_worker(mesh: Mesh) -> subprocess.Popen[bytes]:
     return subprocess.Popen(command, env=env, cwd=ROOT)
 
 
-def assert_serves_tiny_mlp(mesh: Mesh, build_models: ModuleType) -> None:
-    x = np.random.default_rng(11).standard_normal((3, 64), dtype=np.float32)
-    body = {
-        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [3, 64], "data": x.tolist()}]
-    }
-    response = httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body, timeout=30)
-    assert response.status_code == 200, response.text
-    (output,) = response.json()["outputs"]
-    got = np.asarray(output["data"], dtype=np.float32).reshape(output["shape"])
-    with torch.inference_mode():
-        want = build_models.reference_module("tiny_mlp")(torch.from_numpy(x)).numpy()
-    np.testing.assert_allclose(got, want, atol=1e-4)
-
-
 def test_readiness_follows_the_worker_down_and_up(
     health_mesh: Mesh, build_models: ModuleType
 ) -> None:
@@ -99,4 +83,4 @@ def test_readiness_follows_the_worker_down_and_up(
     # Mesh.stop stops whatever is in processes, so the new worker is stopped at the end.
     health_mesh.processes["worker"] = start_worker(health_mesh)
     wait_until(lambda: both_ready(health_mesh) == (200, 200), 60, "readiness to come back")
-    assert_serves_tiny_mlp(health_mesh, build_models)
+    assert_serves_tiny_mlp(health_mesh, build_models, rows=3, seed=11)
