@@ -1,43 +1,135 @@
-"""Admission: queue a request, or refuse it at once when its model's queue is full.
+"""Admission: queue requests, or refuse each at once when its model's queue is full.
 
-One Lua script, one round trip: it checks the model's queued-request counter against
-``max_queue_size`` (Triton's ``default_queue_policy``), and if there is room it adds the
-request to the model's request stream and counts it. The counter and the stream share the
-model's hash tag, so the script runs on one Redis Cluster slot. Workers and the batcher
-decrement the counter in the transactions that answer requests.
+One Lua script checks the model's queued-request counter against ``max_queue_size``
+(Triton's ``default_queue_policy``) and, where there is room, adds the request to the
+model's request stream and counts it. The counter and the stream share the model's hash
+tag, so the script runs on one Redis Cluster slot. Workers and the batcher decrement the
+counter in the transactions that answer requests.
+
+Requests are coalesced: every request that arrives while the previous flush is on its way
+to Redis waits for the next one, and a flush is one round trip for all of them (one script
+call per model and version, pipelined). At concurrency 1 a request goes out at once, alone;
+under load a gateway pays redis-py's per-command cost once per flush, not per request.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
+from collections import defaultdict
+from dataclasses import dataclass, field
+
 from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+from redis.exceptions import RedisError
 from redis.typing import EncodableT
 
 from weir import names
 
-# KEYS: counter, stream. ARGV: max_queue_size (0: unbounded), then the entry's field/values.
+logger = logging.getLogger(__name__)
+
+# KEYS: counter, stream. ARGV: for each entry, its max_queue_size (0: unbounded), its
+# number of field/value arguments, then those. Returns, per entry, the queue length after
+# it was added, or -1 when the queue was full.
 _ADMIT = """
-local limit = tonumber(ARGV[1])
-if limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
-  return -1
+local results = {}
+local at = 1
+while at <= #ARGV do
+  local limit = tonumber(ARGV[at])
+  local count = tonumber(ARGV[at + 1])
+  local first = at + 2
+  at = first + count
+  if limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
+    results[#results + 1] = -1
+  else
+    redis.call('XADD', KEYS[2], '*', unpack(ARGV, first, at - 1))
+    results[#results + 1] = redis.call('INCR', KEYS[1])
+  end
 end
-redis.call('XADD', KEYS[2], '*', unpack(ARGV, 2))
-return redis.call('INCR', KEYS[1])
+return results
 """
+
+
+@dataclass(slots=True)
+class _Entry:
+    args: list[EncodableT]
+    admitted: asyncio.Future[bool]
+
+
+@dataclass(slots=True)
+class _Flush:
+    by_queue: defaultdict[tuple[str, str], list[_Entry]] = field(
+        default_factory=lambda: defaultdict(list)
+    )
 
 
 class Admission:
     """Queues requests on their model's stream, bounded by the model's queue policy."""
 
     def __init__(self, redis: Redis) -> None:
-        self.script = redis.register_script(_ADMIT)
+        self.redis = redis
+        self.script: AsyncScript = redis.register_script(_ADMIT)
+        self._next = _Flush()
+        self._flushing: asyncio.Task[None] | None = None
 
     async def enqueue(
         self, model: str, version: str, fields: dict[bytes, bytes], max_queue_size: int
     ) -> bool:
-        """Queue the entry; False when the queue already holds ``max_queue_size`` requests."""
-        args: list[EncodableT] = [max_queue_size]
+        """Queue the entry; False when the queue already holds ``max_queue_size`` requests.
+
+        RedisError when the flush that carried it failed: the entry may or may not have
+        been added (Redis ran the scripts before the connection broke, or not).
+        """
+        args: list[EncodableT] = [max_queue_size, 2 * len(fields)]
         for key, value in fields.items():
             args.extend((key, value))
-        keys = [names.queued_counter(model, version), names.request_stream(model, version)]
-        queued = await self.script(keys=keys, args=args)
-        return int(queued) >= 0
+        admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        self._next.by_queue[(model, version)].append(_Entry(args, admitted))
+        if self._flushing is None:
+            self._flushing = asyncio.create_task(self._flush_all(), name="admission flush")
+        return await admitted
+
+    async def _flush_all(self) -> None:
+        # Started by the first request of a flush; runs until nothing is left to send.
+        # Being a task, it first lets every request already runnable join this flush.
+        try:
+            while self._next.by_queue:
+                flush, self._next = self._next, _Flush()
+                await self._flush(flush)
+        finally:
+            self._flushing = None
+
+    async def _flush(self, flush: _Flush) -> None:
+        queues = list(flush.by_queue.items())
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for (model, version), entries in queues:
+                    keys = [
+                        names.queued_counter(model, version),
+                        names.request_stream(model, version),
+                    ]
+                    args = [arg for entry in entries for arg in entry.args]
+                    await self.script(keys=keys, args=args, client=pipe)
+                results = await pipe.execute(raise_on_error=False)
+        except (RedisError, OSError) as exc:
+            error = exc if isinstance(exc, RedisError) else RedisError(str(exc))
+            for _, entries in queues:
+                _fail(entries, error)
+            return
+        except BaseException as exc:  # cancelled: nobody waits in vain
+            for _, entries in queues:
+                _fail(entries, RedisError(f"admission was interrupted: {exc!r}"))
+            raise
+        for (_, entries), result in zip(queues, results, strict=True):
+            if isinstance(result, Exception):
+                _fail(entries, result if isinstance(result, RedisError) else RedisError(result))
+                continue
+            for entry, queued in zip(entries, result, strict=True):
+                if not entry.admitted.done():
+                    entry.admitted.set_result(int(queued) >= 0)
+
+
+def _fail(entries: list[_Entry], error: RedisError) -> None:
+    for entry in entries:
+        if not entry.admitted.done():
+            entry.admitted.set_exception(error)

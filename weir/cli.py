@@ -114,6 +114,9 @@ def _run_dead_letters(options: dict[str, Any]) -> int:
 
 
 def _run_worker(options: dict[str, Any]) -> int:
+    from workers import runtime
+
+    runtime.apply_defaults()  # before anything imports torch
     from workers.service import Worker
 
     run(Worker(WorkerSettings(**options)))
