@@ -157,8 +157,9 @@ class BatcherLane:
                 if batch:
                     payload = wire.encode_batch([q.payload for q in batch])
                     pipe.xadd(self.batch_stream, {wire.PAYLOAD: payload})
-                for item in expired:
-                    pipe.xadd(item.reply_to, {wire.PAYLOAD: self._expired_reply(item)})
+                replies = [(item.reply_to, self._expired_reply(item)) for item in expired]
+                for stream, fields in wire.reply_entries(replies).items():
+                    pipe.xadd(stream, fields)  # type: ignore[arg-type]
                 if expired:
                     pipe.decrby(self.queued_key, len(expired))
                 consumed = [q.entry_id for q in (*batch, *expired)]

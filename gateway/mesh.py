@@ -155,7 +155,8 @@ class MeshClient:
             _, result = await pipe.execute()
         for _, entries in result or []:
             for entry_id, fields in entries:
-                self._resolve(fields[wire.PAYLOAD])
+                for payload in wire.decode_batch(fields[wire.PAYLOAD]):
+                    self._resolve(payload)
                 last_id = entry_id
         return last_id
 

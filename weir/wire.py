@@ -8,12 +8,15 @@ same ``id`` with either ``outputs`` or ``error`` as ``[kind, message]``.
 Stream entries hold the encoded map under one field (``m``). A request entry also carries,
 as plain fields, what the batcher needs without decoding tensors: its batch size (``n``),
 deadline (``d``), priority level (``p``), id (``i``) and reply stream (``r``). A credit entry
-(a worker announcing free instances) carries their number (``c``).
+(a worker announcing free instances) carries their number (``c``). Batch entries and reply
+entries hold a msgpack list of encoded maps under ``m``: the members of a batch, or every
+reply one transaction has for one gateway (one ``XADD`` per gateway, not per reply).
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -157,6 +160,14 @@ def request_fields(request: InferRequest, batch: int, level: int = 0) -> dict[by
 def encode_batch(payloads: list[bytes]) -> bytes:
     """A batch entry: the member requests' encoded payloads, in arrival order."""
     return msgpack.packb(payloads, use_bin_type=True)
+
+
+def reply_entries(replies: Iterable[tuple[str, bytes]]) -> dict[str, dict[bytes, bytes]]:
+    """The entries that carry ``(reply stream, encoded reply)`` pairs: one per stream."""
+    grouped: dict[str, list[bytes]] = {}
+    for stream, payload in replies:
+        grouped.setdefault(stream, []).append(payload)
+    return {stream: {PAYLOAD: encode_batch(payloads)} for stream, payloads in grouped.items()}
 
 
 def decode_batch(raw: bytes) -> list[bytes]:

@@ -35,6 +35,13 @@ logger = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 
+# KEYS: the statistics hash. ARGV: field, increment, field, increment ...
+_ADD_STATS = """
+for i = 1, #ARGV, 2 do
+  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+"""
+
 
 class Outcome:
     """What one batch produced, ready to write."""
@@ -203,20 +210,17 @@ class WorkerLane:
 
     def _queue_effects(self, pipe: Pipeline, entry_id: bytes, outcome: Outcome) -> None:
         maxlen = self.settings.reply_maxlen
-        for reply_to, payload in outcome.replies:
-            pipe.xadd(reply_to, {wire.PAYLOAD: payload}, maxlen=maxlen, approximate=True)
+        for stream, fields in wire.reply_entries(outcome.replies).items():
+            pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
         for request, batch in outcome.forwards:
             stream = names.request_stream(request.model, request.version)
             pipe.xadd(stream, wire.request_fields(request, batch))  # type: ignore[arg-type]
             pipe.incr(names.queued_counter(request.model, request.version))
-        for size in outcome.executions:
-            pipe.hincrby(self.stats_key, "execution_count", 1)
-            pipe.hincrby(self.stats_key, "inference_count", size)
-            pipe.hincrby(self.stats_key, f"batch_size:{size}", 1)
-        if outcome.executions:
-            pipe.hincrby(self.stats_key, "compute_ns", outcome.compute_ns)
-        for phase, total in outcome.phases.items():
-            pipe.hincrby(self.stats_key, phase, total)
+        increments = _stat_increments(outcome)
+        if increments:
+            # EVAL, not EVALSHA: inside MULTI a script missing from a restarted Redis's cache
+            # would fail alone and the rest of the transaction would still commit.
+            pipe.eval(_ADD_STATS, 1, self.stats_key, *increments)
         pipe.decrby(self.queued_key, outcome.answered)
         self.announce(pipe, 1)
         self.group.ack(pipe, self.stream, [entry_id])
@@ -248,6 +252,20 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def _stat_increments(outcome: Outcome) -> list[str | int]:
+    """Field, increment, field, increment ... for the model's statistics hash."""
+    counts: dict[str, int] = {}
+    for size in outcome.executions:
+        counts["execution_count"] = counts.get("execution_count", 0) + 1
+        counts["inference_count"] = counts.get("inference_count", 0) + size
+        key = f"batch_size:{size}"
+        counts[key] = counts.get(key, 0) + 1
+    if outcome.executions:
+        counts["compute_ns"] = outcome.compute_ns
+    counts.update(outcome.phases)
+    return [item for pair in counts.items() for item in pair]
 
 
 def _decode(entry: Entry) -> list[InferRequest]:

@@ -38,7 +38,11 @@ def batch_of(rows: np.ndarray) -> bytes:
 
 
 def replies(client: redis.Redis) -> list[InferReply]:
-    return [InferReply.decode(f[wire.PAYLOAD]) for _, f in client.xrange(REPLIES)]
+    return [
+        InferReply.decode(payload)
+        for _, fields in client.xrange(REPLIES)
+        for payload in wire.decode_batch(fields[wire.PAYLOAD])
+    ]
 
 
 def cli(redis_url: str, *args: str) -> str:
