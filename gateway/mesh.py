@@ -140,6 +140,9 @@ class MeshClient:
         while True:
             try:
                 last_id = await self._read_once(last_id)
+                # Let the requests just answered send their responses before the next read
+                # is packed and sent: that read can wait, they are the latency.
+                await asyncio.sleep(0)
             except RedisError as exc:
                 logger.warning("reading replies failed, retrying: %s", exc)
                 await asyncio.sleep(RETRY_READ_S)

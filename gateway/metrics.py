@@ -8,6 +8,8 @@ trip as the gateway saw it. Counters split success from failure (by reason).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
 from weir.wire import InferReply
@@ -27,6 +29,12 @@ PHASES = (
     ("compute_output", "time splitting and encoding outputs", "compute_infer_end", "compute_end"),
     ("request", "end-to-end time inside the gateway", "gateway_in", "gateway_out"),
 )
+
+
+@dataclass(frozen=True, slots=True)
+class _Children:
+    success: Counter
+    phases: list[tuple[Histogram, str, str]]
 
 
 class RequestMetrics:
@@ -51,14 +59,23 @@ class RequestMetrics:
             )
             for name, text, _, _ in PHASES
         }
+        self._phases = [(self.durations[name], start, end) for name, _, start, end in PHASES]
+        # labels() takes a lock and builds a key on every call; each model's children are
+        # looked up once.
+        self._children: dict[tuple[str, str], _Children] = {}
 
     def answered(self, model: str, version: str, reply: InferReply) -> None:
-        self.success.labels(model, version).inc()
+        children = self._children.get((model, version))
+        if children is None:
+            children = self._children[(model, version)] = _Children(
+                self.success.labels(model, version),
+                [(h.labels(model, version), start, end) for h, start, end in self._phases],
+            )
+        children.success.inc()
         stamps = reply.ts
-        for name, _, start, end in PHASES:
+        for histogram, start, end in children.phases:
             if start in stamps and end in stamps:
-                elapsed_us = (stamps[end] - stamps[start]) / 1000
-                self.durations[name].labels(model, version).observe(max(elapsed_us, 0.0))
+                histogram.observe(max((stamps[end] - stamps[start]) / 1000, 0.0))
 
     def failed(self, model: str, version: str, reason: str) -> None:
         self.failure.labels(model, version, reason.upper()).inc()

@@ -85,6 +85,12 @@ class WorkerSettings(ServiceSettings):
     reclaim_idle_ms: int = Field(1000, ge=0, description="idle time before claiming")
     max_deliveries: int = Field(3, ge=1, description="deliveries before dead-lettering")
     reply_maxlen: int = Field(100_000, gt=0, description="approximate cap of a reply stream")
+    inline_compute_us: int = Field(
+        300,
+        ge=0,
+        description="batches that recently computed in less run in the event loop, not a "
+        "thread (0: always a thread)",
+    )
 
 
 class UpSettings(ServiceSettings):

@@ -91,6 +91,7 @@ class WorkerLane:
         self.held: set[bytes] = set()  # entries taken and not yet acked
         self.free = asyncio.Semaphore(len(runners))
         self.queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize=len(runners))
+        self.compute_ewma_ns: int | None = None  # recent compute time of a batch
 
     @property
     def label(self) -> str:
@@ -150,7 +151,11 @@ class WorkerLane:
         while True:
             entry = await self.queue.get()
             try:
-                outcome = await loop.run_in_executor(executor, self._process, runner, entry)
+                if self._inline():
+                    outcome = self._process(runner, entry)
+                else:
+                    outcome = await loop.run_in_executor(executor, self._process, runner, entry)
+                self._observe(outcome)
             except Exception as exc:
                 logger.exception("batch %s of %s cannot be processed", entry.id, self.label)
                 await self._dead_letter(entry, f"cannot be processed: {exc}")
@@ -160,6 +165,19 @@ class WorkerLane:
                 self.held.discard(entry.id)
                 self.queue.task_done()
                 self.free.release()
+
+    def _inline(self) -> bool:
+        # A batch that computes in less time than a trip through an executor thread costs
+        # runs in the event loop; until a batch has been timed, assume it would not.
+        limit_ns = self.settings.inline_compute_us * 1000
+        return self.compute_ewma_ns is not None and self.compute_ewma_ns < limit_ns
+
+    def _observe(self, outcome: Outcome) -> None:
+        if not outcome.executions:
+            return
+        recent = self.compute_ewma_ns
+        sample = outcome.compute_ns
+        self.compute_ewma_ns = sample if recent is None else (recent * 7 + sample) // 8
 
     def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
         requests = _decode(entry)
