@@ -20,6 +20,8 @@ from typing import Any
 
 import psutil
 
+from weir.redis_server import free_port
+
 logger = logging.getLogger(__name__)
 
 # Both servers run from the checkout's root, where `python -m bench...` and `weir.cli` import.
@@ -121,7 +123,9 @@ def process_tree(pid: int) -> list[psutil.Process]:
 
 def weir_server(repository: Path, port: int, log_path: Path) -> ServerProcess:
     command = [sys.executable, "-m", "weir.cli", "up", "--http-port", str(port)]
-    return ServerProcess("weir", [*command, "--repository", str(repository)], port, log_path)
+    # gRPC stays on, as users run it, on a free port rather than Triton's 8001.
+    command += ["--grpc-port", str(free_port()), "--repository", str(repository)]
+    return ServerProcess("weir", command, port, log_path)
 
 
 def baseline_server(repository: Path, port: int, threads: int, log_path: Path) -> ServerProcess:

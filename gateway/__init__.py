@@ -1,1 +1,1 @@
-"""The gateway: KServe v2 / Triton HTTP in front of the mesh. Stateless; no torch."""
+"""The gateway: KServe v2 / Triton HTTP and gRPC in front of the mesh. Stateless; no torch."""

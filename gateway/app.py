@@ -1,11 +1,15 @@
-"""The gateway application: lifespan-owned resources, routes, errors in the KServe shape."""
+"""The gateway application: lifespan-owned resources, routes, errors in the KServe shape.
+
+The lifespan also runs the gRPC endpoint (:mod:`gateway.grpc_server`) on the same state.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
@@ -24,14 +28,23 @@ from weir.errors import WeirError
 from weir.repository import Repository
 from weir.settings import GatewaySettings
 
+if TYPE_CHECKING:
+    from gateway.grpc_server import GrpcServer
+
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: GatewaySettings, serve_metrics: bool = True) -> FastAPI:
+def create_app(
+    settings: GatewaySettings,
+    serve_metrics: bool = True,
+    drain_hooks: list[Callable[[], None]] | None = None,
+) -> FastAPI:
     """A gateway app for ``settings``; its resources live as long as its lifespan.
 
     With ``serve_metrics`` the app serves its own metrics endpoint; a multi-process gateway
-    serves one for all its processes from the parent instead.
+    serves one for all its processes from the parent instead. With a ``grpc_port`` the
+    lifespan also serves gRPC, and adds to ``drain_hooks`` what begins its drain, for the
+    server to call when it stops taking HTTP connections.
     """
 
     @contextlib.asynccontextmanager
@@ -48,14 +61,25 @@ def create_app(settings: GatewaySettings, serve_metrics: bool = True) -> FastAPI
         reader = asyncio.create_task(mesh.read_replies(), name="reply reader")
         logger.info("gateway %s serving %d models", mesh.gateway_id, len(repository.models))
         if settings.inference_token is None:
+            ports = f"{settings.http_port}"
+            if settings.grpc_port:
+                ports += f" or gRPC's {settings.grpc_port}"
             logger.warning(
                 "no inference token is set (WEIR_GATEWAY_INFERENCE_TOKEN): anyone who can "
-                "reach port %d can run inference",
-                settings.http_port,
+                "reach port %s can run inference",
+                ports,
             )
+        state = GatewayState(settings, repository, redis, mesh, metrics)
+        grpc_server = None
         try:
-            yield {STATE_KEY: GatewayState(settings, repository, redis, mesh, metrics)}
+            if settings.grpc_port:
+                grpc_server = await _start_grpc(state)
+                if drain_hooks is not None:
+                    drain_hooks.append(grpc_server.drain)
+            yield {STATE_KEY: state}
         finally:
+            if grpc_server is not None:
+                await grpc_server.stop()
             if exporter is not None:
                 exporter.close()
             reader.cancel()
@@ -70,6 +94,15 @@ def create_app(settings: GatewaySettings, serve_metrics: bool = True) -> FastAPI
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     return app
+
+
+async def _start_grpc(state: GatewayState) -> GrpcServer:
+    # grpcio and tritonclient's messages load only in a gateway that serves gRPC.
+    from gateway.grpc_server import GrpcServer
+
+    server = GrpcServer(state)
+    await server.start()
+    return server
 
 
 async def _weir_error(_: Request, exc: Exception) -> Response:

@@ -1,8 +1,9 @@
 """Optional bearer-token authentication: one token for inference, one for management.
 
-Health and server metadata stay open (probes and load balancers need them). Management
-routes take the management token when one is set, else the inference token. With no token
-set, every route is open, and the gateway says so when it starts.
+The same tokens guard HTTP and gRPC (the ``authorization`` metadata entry). Health and
+server metadata stay open (probes and load balancers need them). Management routes take
+the management token when one is set, else the inference token. With no token set, every
+route is open, and the gateway says so when it starts.
 """
 
 from __future__ import annotations
@@ -34,9 +35,16 @@ def required_token(settings: GatewaySettings, scope: Scope) -> str | None:
 def check_token(request: Request, scope: Scope) -> None:
     """Raise Unauthorized unless the request carries the token ``scope`` needs."""
     token = required_token(gateway_state(request).settings, scope)
-    if token is None:
-        return
-    scheme, _, given = request.headers.get("authorization", "").partition(" ")
+    if token is not None:
+        check_authorization(request.headers.get("authorization", ""), token, scope)
+
+
+def check_authorization(authorization: str, token: str, scope: Scope) -> None:
+    """Raise Unauthorized unless ``authorization`` is ``Bearer <token>``.
+
+    ``authorization`` is the HTTP header's value, or the gRPC metadata entry's.
+    """
+    scheme, _, given = authorization.partition(" ")
     if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
         raise Unauthorized(f"this {scope.value} route needs a valid bearer token")
 

@@ -1,11 +1,20 @@
-"""Which (model, version) pairs a live worker serves, from the workers' heartbeat keys."""
+"""Which (model, version) pairs a live worker serves, from the workers' heartbeat keys.
+
+Readiness as Triton reports it, shared by the HTTP routes and the gRPC service: the server
+is ready when a live worker serves every model, a model when one serves it (a pipeline,
+which runs nothing itself: when every one of its steps is served).
+"""
 
 from __future__ import annotations
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 
+from gateway.state import GatewayState
 from weir import names
+from weir.errors import Unavailable
 from weir.liveness import live_consumers
+from weir.repository import ModelEntry
 from weir.workload import served_instances
 
 
@@ -13,3 +22,27 @@ async def served_models(redis: Redis) -> set[tuple[str, str]]:
     """Every (model, version) that at least one live worker runs an instance of."""
     instances = served_instances(await live_consumers(redis, names.WORKER_GROUP))
     return {key for key, count in instances.items() if count > 0}
+
+
+async def served_now(state: GatewayState) -> set[tuple[str, str]]:
+    """:func:`served_models`, with an unreachable Redis as Unavailable (503)."""
+    try:
+        return await served_models(state.redis)
+    except RedisError as exc:
+        raise Unavailable(f"Redis is unreachable: {exc}") from None
+
+
+def serves_all(state: GatewayState, served: set[tuple[str, str]]) -> bool:
+    # A pipeline runs no instances of its own; its steps are the models that must be served.
+    wanted = {(e.name, v) for e in state.repository if not e.config.is_ensemble for v in e.versions}
+    return wanted <= served
+
+
+def serves_model(
+    state: GatewayState, entry: ModelEntry, version: str, served: set[tuple[str, str]]
+) -> bool:
+    needed = {(entry.name, version)}
+    if entry.config.is_ensemble:
+        steps = state.mesh.router.pipelines[entry.name].steps
+        needed = {(step.model, step.version) for step in steps}
+    return needed <= served

@@ -1,6 +1,7 @@
 """One inference, from the HTTP request to the HTTP response.
 
-Shared by the fast path (plain ASGI, see :mod:`gateway.fastpath`) and the FastAPI route.
+Shared by the fast path (plain ASGI, see :mod:`gateway.fastpath`) and the FastAPI route;
+:func:`execute`, the part after parsing, is shared with gRPC (:mod:`gateway.grpc_service`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,13 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from gateway import codec
+from gateway.codec import InferBody
 from gateway.state import GatewayState
 from gateway.validation import check_request, precheck_input
 from weir.errors import BodyTooLarge, InvalidInput, WeirError
+from weir.repository import ModelEntry
 from weir.tensors import Tensor
+from weir.wire import InferReply
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"
@@ -29,9 +33,7 @@ async def run_infer(
         raw = await _read_body(request, state.settings.body_limit_bytes)
         precheck = functools.partial(precheck_input, entry.config)
         body = codec.parse_infer_body(raw, _header_length(request), precheck)
-        batch = check_request(entry.config, body)
-        reply = await state.mesh.infer(entry, version, body, batch)
-        reply.raise_for_error()
+        reply = await execute(state, entry, version, body)
     except WeirError as exc:
         state.metrics.failed(entry.name, version, exc.kind)
         raise
@@ -48,7 +50,22 @@ async def run_infer(
     )
 
 
-def _outputs(body: codec.InferBody, outputs: dict[str, Tensor]) -> list[tuple[str, Tensor, bool]]:
+async def execute(
+    state: GatewayState, entry: ModelEntry, version: str, body: InferBody
+) -> InferReply:
+    """Check a parsed request against its model, queue it and await its reply.
+
+    The transport-independent part of an inference, shared by HTTP and gRPC: the same
+    validation, admission and deadline. WeirError for any failure; the caller counts the
+    outcome in the metrics.
+    """
+    batch = check_request(entry.config, body)
+    reply = await state.mesh.infer(entry, version, body, batch)
+    reply.raise_for_error()
+    return reply
+
+
+def _outputs(body: InferBody, outputs: dict[str, Tensor]) -> list[tuple[str, Tensor, bool]]:
     default = body.binary_output_default
     if not body.outputs:
         return [(name, tensor, default) for name, tensor in outputs.items()]

@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from weir import __version__, datatypes
+from redis.asyncio import Redis
+
+from weir import __version__, datatypes, names
 from weir.config import Backend, ModelConfig, TensorSpec
 from weir.repository import ModelEntry
 
@@ -49,6 +51,18 @@ def model_config(entry: ModelEntry) -> dict[str, Any]:
     raw["platform"] = PLATFORMS[config.backend]
     raw["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
     return raw
+
+
+async def read_statistics(
+    redis: Redis, entry: ModelEntry, version: str | None
+) -> list[dict[str, Any]]:
+    """The statistics of ``version``, or of every served version, as the workers recorded."""
+    versions = [version] if version else list(entry.versions)
+    stats = []
+    for v in versions:
+        recorded = await redis.hgetall(names.model_stats(entry.name, v))
+        stats.append(model_statistics(entry.name, v, recorded))
+    return stats
 
 
 def model_statistics(

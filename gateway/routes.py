@@ -6,15 +6,11 @@ from typing import Any
 
 import orjson
 from fastapi import APIRouter, Depends, Request, Response
-from redis.exceptions import RedisError
 
-from gateway import metadata
+from gateway import health, metadata
 from gateway.auth import inference_scope, management_scope
-from gateway.health import served_models
 from gateway.inference import run_infer
-from gateway.state import GatewayState, gateway_state
-from weir import names
-from weir.errors import Unavailable
+from gateway.state import gateway_state
 
 router = APIRouter()
 INFERENCE = [Depends(inference_scope)]
@@ -36,17 +32,8 @@ async def live() -> Response:
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
     state = gateway_state(request)
-    served = await _served(state)
-    # A pipeline runs no instances of its own; its steps are the models that must be served.
-    wanted = {(e.name, v) for e in state.repository if not e.config.is_ensemble for v in e.versions}
-    return Response(status_code=200 if wanted <= served else 503)
-
-
-async def _served(state: GatewayState) -> set[tuple[str, str]]:
-    try:
-        return await served_models(state.redis)
-    except RedisError as exc:
-        raise Unavailable(f"Redis is unreachable: {exc}") from None
+    served = await health.served_now(state)
+    return Response(status_code=200 if health.serves_all(state, served) else 503)
 
 
 @router.get("/v2")
@@ -68,13 +55,8 @@ async def model_ready(request: Request, model: str) -> Response:
     version = _path_version(request)
     state = gateway_state(request)
     entry, version = state.repository.resolve(model, version)
-    needed = {(entry.name, version)}
-    if entry.config.is_ensemble:
-        # A pipeline is ready when a live worker serves every one of its steps.
-        steps = state.mesh.router.pipelines[entry.name].steps
-        needed = {(step.model, step.version) for step in steps}
-    served = await _served(state)
-    return Response(status_code=200 if needed <= served else 503)
+    served = await health.served_now(state)
+    return Response(status_code=200 if health.serves_model(state, entry, version, served) else 503)
 
 
 @router.get("/v2/models/{model}/config", dependencies=INFERENCE)
@@ -91,12 +73,7 @@ async def model_stats(request: Request, model: str) -> Response:
     version = _path_version(request)
     state = gateway_state(request)
     entry, _ = state.repository.resolve(model, version)
-    versions = [version] if version else list(entry.versions)
-    stats = []
-    for v in versions:
-        recorded = await state.redis.hgetall(names.model_stats(entry.name, v))
-        stats.append(metadata.model_statistics(entry.name, v, recorded))
-    return _json({"model_stats": stats})
+    return _json({"model_stats": await metadata.read_statistics(state.redis, entry, version)})
 
 
 @router.post("/v2/models/{model}/infer", dependencies=INFERENCE)

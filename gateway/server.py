@@ -2,11 +2,14 @@
 
 With ``processes`` > 1 the parent binds the HTTP socket, forks that many gateway processes
 that accept on it, and serves the metrics of all of them (prometheus-client's multiprocess
-directory) on the metrics port; SIGTERM or SIGINT is passed on to every process.
+directory) on the metrics port; SIGTERM or SIGINT is passed on to every process. Each
+process serves gRPC on the same port, bound with ``SO_REUSEPORT``
+(:mod:`gateway.grpc_server`); the parent starts no gRPC, which must not run across a fork.
 
 On SIGTERM uvicorn stops accepting connections and lets in-flight requests finish (up to the
-grace period), then the lifespan closes the reply reader. The process then exits with 0: a
-drained gateway is a clean exit, not a death by signal.
+grace period), the gRPC server does the same alongside, then the lifespan closes the reply
+reader. The process then exits with 0: a drained gateway is a clean exit, not a death by
+signal.
 """
 
 from __future__ import annotations
@@ -18,7 +21,7 @@ import multiprocessing
 import os
 import signal
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from types import FrameType
 
 import uvicorn
@@ -38,6 +41,16 @@ MULTIPROCESS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 
 
 class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, drain_hooks: list[Callable[[], None]]) -> None:
+        super().__init__(config)
+        self.drain_hooks = drain_hooks
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        # gRPC stops taking calls when HTTP does, so both drain within one grace period.
+        for hook in self.drain_hooks:
+            hook()
+        await super().shutdown(sockets)
+
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         # uvicorn re-raises the captured signal after shutdown; Weir's services exit 0.
@@ -49,9 +62,15 @@ class _Server(uvicorn.Server):
                 signal.signal(sig, handler)
 
 
-def _config(settings: GatewaySettings, serve_metrics: bool) -> uvicorn.Config:
+def _server(settings: GatewaySettings, serve_metrics: bool) -> _Server:
+    drain_hooks: list[Callable[[], None]] = []
+    app = create_app(settings, serve_metrics=serve_metrics, drain_hooks=drain_hooks)
+    return _Server(_config(settings, InferFastPath(app)), drain_hooks)
+
+
+def _config(settings: GatewaySettings, app: InferFastPath) -> uvicorn.Config:
     return uvicorn.Config(
-        InferFastPath(create_app(settings, serve_metrics=serve_metrics)),
+        app,
         host=settings.host,
         port=settings.http_port,
         loop="auto",
@@ -64,7 +83,7 @@ def _config(settings: GatewaySettings, serve_metrics: bool) -> uvicorn.Config:
 
 def serve(settings: GatewaySettings) -> None:
     if settings.processes == 1:
-        _Server(_config(settings, serve_metrics=True)).run()
+        _server(settings, serve_metrics=True).run()
         return
     if MULTIPROCESS_DIR_ENV not in os.environ:
         raise RuntimeError(f"{MULTIPROCESS_DIR_ENV} must be set before prometheus_client loads")
@@ -103,7 +122,7 @@ def _serve_processes(settings: GatewaySettings) -> None:
 
 
 def _child(settings: GatewaySettings, sock: socket.socket) -> None:
-    _Server(_config(settings, serve_metrics=False)).run(sockets=[sock])
+    _server(settings, serve_metrics=False).run(sockets=[sock])
 
 
 def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:

@@ -80,6 +80,7 @@ class Mesh:
     repository: Path
     processes: dict[str, subprocess.Popen[bytes]]
     metrics_url: str = ""
+    grpc_target: str = ""
 
     def stop(self) -> None:
         for process in self.processes.values():
@@ -96,6 +97,7 @@ class Mesh:
 def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | None = None) -> Mesh:
     port = free_port()
     metrics_port = free_port()
+    grpc_port = free_port()
     env = {
         **os.environ,
         "WEIR_REDIS_URL": redis_url,
@@ -104,6 +106,7 @@ def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | Non
         "WEIR_GATEWAY_HOST": "127.0.0.1",
         "WEIR_GATEWAY_BODY_LIMIT_BYTES": str(BODY_LIMIT_BYTES),
         "WEIR_GATEWAY_METRICS_PORT": str(metrics_port),
+        "WEIR_GATEWAY_GRPC_PORT": str(grpc_port),
         "WEIR_WORKER_TORCH_THREADS": "1",
         **(env_extra or {}),
     }
@@ -122,6 +125,7 @@ def start_mesh(redis_url: str, repository: Path, env_extra: dict[str, str] | Non
         repository,
         processes,
         f"http://127.0.0.1:{metrics_port}/metrics",
+        f"127.0.0.1:{grpc_port}",
     )
     try:
         wait_until(lambda: http_ready(f"{mesh.url}/v2/health/ready"), 60, "the mesh to be ready")

@@ -43,17 +43,21 @@ def _parser() -> argparse.ArgumentParser:
     up = commands.add_parser("up", help="run the whole mesh locally, with a private Redis")
     _common(up)
     up.add_argument("--http-port", type=int, help="gateway HTTP port (env WEIR_UP_HTTP_PORT)")
+    up.add_argument("--grpc-port", type=int, help="gateway gRPC port, 0 for none (default 8001)")
     up.add_argument("--redis-port", type=int, help="private Redis port, 0: any free one")
     up.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (default 8002)")
     up.add_argument("--gateway-processes", type=int, help="gateway processes (default 1)")
     up.add_argument("--cpu-workers", type=int, help="CPU worker pool processes (default 1)")
 
-    gateway = commands.add_parser("gateway", help="the KServe v2 HTTP gateway")
+    gateway = commands.add_parser("gateway", help="the KServe v2 gateway (HTTP and gRPC)")
     _common(gateway)
     gateway.add_argument("--host", help="bind address (env WEIR_GATEWAY_HOST)")
     gateway.add_argument("--http-port", type=int, help="HTTP port (env WEIR_GATEWAY_HTTP_PORT)")
+    gateway.add_argument(
+        "--grpc-port", type=int, help="gRPC port, 0 for none (env WEIR_GATEWAY_GRPC_PORT)"
+    )
     gateway.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (8002)")
-    gateway.add_argument("--processes", type=int, help="processes sharing the HTTP port (1)")
+    gateway.add_argument("--processes", type=int, help="processes sharing the ports (1)")
 
     batcher = commands.add_parser("batcher", help="the dynamic batcher")
     _common(batcher)

@@ -42,6 +42,7 @@ class Embedded(Service):
             WEIR_REPOSITORY=str(self.settings.repository.resolve()),
             WEIR_LOG_LEVEL=self.settings.log_level,
             WEIR_GATEWAY_HTTP_PORT=str(self.settings.http_port),
+            WEIR_GATEWAY_GRPC_PORT=str(self.settings.grpc_port),
             WEIR_GATEWAY_METRICS_PORT=str(self.settings.metrics_port),
             WEIR_GATEWAY_PROCESSES=str(self.settings.gateway_processes),
         )
@@ -55,10 +56,10 @@ class Embedded(Service):
                 sys.executable, "-m", "weir.cli", *args, env=env, start_new_session=True
             )
         await self._wait_ready()
-        metrics = self.settings.metrics_port
+        grpc, metrics = self.settings.grpc_port, self.settings.metrics_port
         print(
             f"Weir is up: http://127.0.0.1:{self.settings.http_port}/v2 "
-            f"(KServe v2 / Triton HTTP), metrics "
+            f"(KServe v2 / Triton HTTP), gRPC {f'127.0.0.1:{grpc}' if grpc else 'off'}, metrics "
             f"{f'http://127.0.0.1:{metrics}/metrics' if metrics else 'off'}, "
             f"repository {self.settings.repository.resolve()}, redis {self.redis.url}. "
             f"Ctrl-C stops it.",

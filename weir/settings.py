@@ -34,14 +34,15 @@ class ServiceSettings(BaseSettings):
 
 
 class GatewaySettings(ServiceSettings):
-    """The HTTP gateway (``WEIR_GATEWAY_*``)."""
+    """The gateway: KServe v2 over HTTP and gRPC (``WEIR_GATEWAY_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="WEIR_GATEWAY_")
 
     host: str = "0.0.0.0"
     http_port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int = Field(8001, ge=0, le=65535, description="0: no gRPC endpoint")
     metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
-    processes: int = Field(1, ge=1, description="gateway processes sharing the HTTP port")
+    processes: int = Field(1, ge=1, description="gateway processes sharing the ports")
     body_limit_bytes: int = Field(64 * 1024 * 1024, gt=0)
     request_timeout_s: float = Field(60.0, gt=0)
     reply_read_count: int = Field(512, gt=0)
@@ -99,6 +100,7 @@ class UpSettings(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="WEIR_UP_")
 
     http_port: int = Field(8000, ge=0, le=65535)
+    grpc_port: int = Field(8001, ge=0, le=65535, description="0: no gRPC endpoint")
     metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
     gateway_processes: int = Field(1, ge=1)
     cpu_workers: int = Field(1, ge=1, description="CPU worker pool processes")

@@ -50,6 +50,7 @@ class Topology:
             "WEIR_GATEWAY_HOST": "127.0.0.1",
             "WEIR_WORKER_TORCH_THREADS": "1",
             "WEIR_GATEWAY_METRICS_PORT": "0",
+            "WEIR_GATEWAY_GRPC_PORT": "0",
             **self.env_extra,
             **env,
         }

@@ -4,8 +4,8 @@ No Docker engine runs here, so the test plays compose's part. It reads compose.y
 every service that `docker compose up` starts (no profile) except Redis, and runs each one's
 ``command`` with its ``environment`` as a local process, the way compose would run it in a
 container: service host names point at 127.0.0.1 (Redis at a private redis-server), bind
-mounts at their host directories, and the gateway's container ports (HTTP and metrics) at
-free local ports, so that parallel runs never collide. worker-cpu runs twice, as
+mounts at their host directories, and the gateway's container ports (HTTP, gRPC and
+metrics) at free local ports, so that parallel runs never collide. worker-cpu runs twice, as
 `docker compose up --scale worker-cpu=2` would. The gateway runs once with compose's default
 of one process and once with WEIR_GATEWAY_PROCESSES=2, as the Kubernetes base runs it.
 
@@ -35,12 +35,14 @@ import numpy as np
 import pytest
 import redis
 import torch
+import tritonclient.grpc as grpcclient
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import http_ready, load_build_models, wait_until
 from tests.deploy.test_deploy_files import (
     COMPOSE_FILE,
+    GRPC_PORT,
     HEALTH_PATHS,
     K8S,
     METRICS_PORT,
@@ -79,6 +81,7 @@ class LocalCompose:
         redis_port: int,
         http_port: int,
         metrics_port: int,
+        grpc_port: int,
         sources: dict[str, Path] | None = None,
     ) -> None:
         self.compose = compose
@@ -87,6 +90,7 @@ class LocalCompose:
             ("redis", 6379): redis_port,
             ("gateway", 8000): http_port,
             ("gateway", METRICS_PORT): metrics_port,
+            ("gateway", GRPC_PORT): grpc_port,
         }
         # bind mount source as written in compose.yaml -> the directory to use instead
         self.sources = sources or {}
@@ -185,6 +189,14 @@ def infer(url: str, rows: np.ndarray) -> list[np.ndarray]:
         return list(pool.map(one, rows))
 
 
+def infer_grpc(target: str, x: np.ndarray) -> np.ndarray:
+    with grpcclient.InferenceServerClient(target) as client:
+        tensor = grpcclient.InferInput("INPUT0", list(x.shape), "FP32")
+        tensor.set_data_from_numpy(x)
+        output: np.ndarray = client.infer(MODEL, [tensor]).as_numpy("OUTPUT0")
+        return output
+
+
 def tiny_repository(root: Path) -> Path:
     """A model repository with the example's tiny_mlp alone: its committed config, built."""
     (root / MODEL).mkdir(parents=True)
@@ -226,7 +238,7 @@ def test_compose_services_as_local_processes_serve_correct_inferences_with_two_c
     sources = {mount["source"]: tiny_repository(tmp_path / "models")}
     # A private Redis: the session's may carry another mesh's streams for the same models.
     with RedisServer() as server:
-        local = LocalCompose(compose, server.port, free_port(), free_port(), sources)
+        local = LocalCompose(compose, server.port, free_port(), free_port(), free_port(), sources)
         for service in local.services():
             for replica in range(SCALE.get(service, 1)):
                 containers.append(start(local, service, replica, tmp_path))
@@ -277,6 +289,17 @@ def test_compose_services_as_local_processes_serve_correct_inferences_with_two_c
             "two worker consumers on the batch stream",
         )
         client.close()
+
+        # gRPC on the same gateway, a new connection each time so that with two processes
+        # both answer; after the metrics above, which count HTTP's requests alone.
+        assert gateway_env["WEIR_GATEWAY_GRPC_PORT"] != str(GRPC_PORT)
+        grpc_target = f"127.0.0.1:{gateway_env['WEIR_GATEWAY_GRPC_PORT']}"
+        np.testing.assert_allclose(
+            np.concatenate([infer_grpc(grpc_target, row[None]) for row in rows[:6]]),
+            expected.numpy()[:6],
+            rtol=1e-4,
+            atol=1e-5,
+        )
 
         grace_s = min(
             duration_s(compose["services"][name]["stop_grace_period"]) for name in local.services()

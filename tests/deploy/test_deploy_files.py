@@ -62,6 +62,7 @@ SETTINGS_BY_COMMAND: dict[str, type[BaseSettings]] = {
 }
 HEALTH_PATHS = {"readinessProbe": "/v2/health/ready", "livenessProbe": "/v2/health/live"}
 METRICS_PORT = 8002
+GRPC_PORT = 8001  # Triton's
 # Pod names a Deployment's pods get; what the downward API's metadata.name gives a container.
 POD_NAME = "{workload}-5d9c7b6f4-x7k2p"
 # The oldest Kubernetes whose schemas kubernetes-validate ships; the base must apply there.
@@ -278,10 +279,12 @@ def test_scalable_compose_services_have_no_container_name_or_host_port() -> None
             assert "ports" not in service, f"{name} publishes a host port: --scale would clash"
 
 
-def test_compose_gateway_publishes_http_and_its_healthcheck_asks_readiness() -> None:
+def test_compose_gateway_publishes_http_and_grpc_and_its_healthcheck_asks_readiness() -> None:
     gateway = compose_services()["gateway"]
     http_port = gateway["environment"]["WEIR_GATEWAY_HTTP_PORT"]
-    assert [p.rpartition(":")[2] for p in gateway["ports"]] == [http_port]
+    grpc_port = gateway["environment"]["WEIR_GATEWAY_GRPC_PORT"]
+    assert grpc_port == str(GRPC_PORT)
+    assert [p.rpartition(":")[2] for p in gateway["ports"]] == [http_port, grpc_port]
     # Metrics stay inside the compose network: exposed to Prometheus, published nowhere.
     assert gateway["environment"]["WEIR_GATEWAY_METRICS_PORT"] == str(METRICS_PORT)
     assert gateway["expose"] == [str(METRICS_PORT)]
@@ -388,8 +391,12 @@ def test_dockerfiles_are_multi_stage_non_root_and_pin_the_projects_torch() -> No
         assert f"torch=={dockerfile_args(text)['TORCH_VERSION']}" == torch_pin, dockerfile
     cpu = (DOCKER / "Dockerfile").read_text()
     assert dockerfile_args(cpu)["TORCH_INDEX_URL"].endswith("/whl/cpu")
-    gateway_port = compose_services()["gateway"]["environment"]["WEIR_GATEWAY_HTTP_PORT"]
-    assert f"EXPOSE {gateway_port} {METRICS_PORT}" in cpu
+    gateway_env = compose_services()["gateway"]["environment"]
+    http_port, grpc_port = (
+        gateway_env["WEIR_GATEWAY_HTTP_PORT"],
+        gateway_env["WEIR_GATEWAY_GRPC_PORT"],
+    )
+    assert f"EXPOSE {http_port} {grpc_port} {METRICS_PORT}" in cpu
     cuda = (DOCKER / "Dockerfile.cuda").read_text()
     assert not re.search(r"^EXPOSE", cuda, flags=re.MULTILINE), "GPU workers listen on no port"
     assert dockerfile_args(cuda)["CUDA_IMAGE"].startswith("nvidia/cuda:")
@@ -538,10 +545,12 @@ def test_k8s_gateway_probes_hit_real_health_routes_on_the_port_the_gateway_binds
         assert get["path"] == path and client.get(path).status_code != 404, probe
         assert ports[get["port"]] == bound, f"{probe} probes a port the gateway does not bind"
     metrics = int(container_env(gateway)["WEIR_GATEWAY_METRICS_PORT"])
-    assert ports == {"http": bound, "metrics": metrics} and metrics == METRICS_PORT
+    grpc_port = int(container_env(gateway)["WEIR_GATEWAY_GRPC_PORT"])
+    assert ports == {"http": bound, "grpc": grpc_port, "metrics": metrics}
+    assert (metrics, grpc_port) == (METRICS_PORT, GRPC_PORT)
     service = k8s_objects("Service")["gateway"]
     targets = {port["port"]: ports[port["targetPort"]] for port in service["spec"]["ports"]}
-    assert targets == {bound: bound, metrics: metrics}
+    assert targets == {bound: bound, grpc_port: grpc_port, metrics: metrics}
 
 
 def test_k8s_only_the_gateway_serves_and_is_annotated_for_metrics() -> None:
@@ -693,6 +702,7 @@ DEPLOY_ONLY_VARIABLES = {
     "WEIR_CUDA_IMAGE",
     "WEIR_MODELS_DIR",
     "WEIR_HTTP_PORTS",
+    "WEIR_GRPC_PORTS",
     "WEIR_EXTRAS",
 }
 

@@ -24,6 +24,7 @@ def port_open(port: int) -> bool:
 def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path) -> None:
     port = free_port()
     metrics_port = free_port()
+    grpc_port = free_port()
     process = subprocess.Popen(
         [
             sys.executable,
@@ -34,6 +35,8 @@ def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path)
             str(port),
             "--metrics-port",
             str(metrics_port),
+            "--grpc-port",
+            str(grpc_port),
             "--repository",
             str(example_repository),
         ],
@@ -59,6 +62,7 @@ def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path)
         process.send_signal(signal.SIGINT)
         assert process.wait(60) == 0
         assert not port_open(port), "the gateway still listens after weir up exited"
+        assert not port_open(grpc_port), "the gateway's gRPC still listens after weir up exited"
         assert not port_open(redis_port), "redis-server still listens after weir up exited"
     finally:
         if process.poll() is None:

@@ -1,0 +1,284 @@
+"""KServe v2 over gRPC: Triton's ``GRPCInferenceService``, so ``tritonclient.grpc`` works.
+
+The servicer answers from the same :class:`~gateway.state.GatewayState` as the HTTP routes
+and through the same code: readiness from :mod:`gateway.health`, metadata, config and
+statistics from :mod:`gateway.metadata`, inference through
+:func:`gateway.inference.execute` (validation, admission, deadline) with the same metrics.
+A :class:`~weir.errors.WeirError` becomes the gRPC status Triton would send, with the
+message HTTP would give. The same bearer tokens guard the same calls, read from the
+``authorization`` metadata entry. Calls Weir does not implement (model control, shared
+memory, trace and log settings) answer UNIMPLEMENTED, naming what is missing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import grpc
+from google.protobuf import json_format
+from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
+
+from gateway import grpc_codec, health, metadata
+from gateway.auth import Scope, check_authorization, required_token
+from gateway.codec import InferBody
+from gateway.inference import execute
+from gateway.state import GatewayState
+from gateway.validation import precheck_input
+from weir.errors import ErrorKind, NotFound, ServerError, WeirError
+
+logger = logging.getLogger(__name__)
+
+# Triton's mapping of its error codes to gRPC's (a queue full is UNAVAILABLE).
+GRPC_STATUS: dict[ErrorKind, grpc.StatusCode] = {
+    ErrorKind.INVALID: grpc.StatusCode.INVALID_ARGUMENT,
+    ErrorKind.UNAUTHORIZED: grpc.StatusCode.UNAUTHENTICATED,
+    ErrorKind.NOT_FOUND: grpc.StatusCode.NOT_FOUND,
+    ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
+    ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
+}
+INTERNAL_MESSAGE = "internal error in the gateway"
+# Requests of one stream being answered at once; past it the stream is read no further.
+STREAM_IN_FLIGHT = 256
+
+Handler = Callable[[Any, Any, Any], Awaitable[Any]]
+
+
+def grpc_status(error: WeirError) -> grpc.StatusCode:
+    return GRPC_STATUS.get(error.kind, grpc.StatusCode.INTERNAL)
+
+
+def _answers_errors(method: Handler) -> Handler:
+    """Turn a WeirError (or any failure) into the call's status and message."""
+
+    @functools.wraps(method)
+    async def handler(self: Any, request: Any, context: Any) -> Any:
+        try:
+            return await method(self, request, context)
+        except WeirError as exc:
+            error = exc
+        except Exception:
+            logger.exception("gRPC %s failed", method.__name__)
+            error = ServerError(INTERNAL_MESSAGE)
+        # HTTP's headers (Retry-After, WWW-Authenticate) travel as trailing metadata.
+        trailing = tuple((key.lower(), value) for key, value in error.headers.items())
+        await context.abort(grpc_status(error), error.message, trailing)
+
+    return handler
+
+
+def _unimplemented(what: str) -> Handler:
+    async def handler(self: Any, request: Any, context: Any) -> None:
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED, f"Weir does not implement {what} over gRPC"
+        )
+
+    return handler
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
+    """Triton's inference service, answered from the gateway's state."""
+
+    def __init__(self, state: GatewayState) -> None:
+        self.state = state
+
+    @_answers_errors
+    async def ServerLive(self, request: Any, context: Any) -> Any:
+        return service_pb2.ServerLiveResponse(live=True)
+
+    @_answers_errors
+    async def ServerReady(self, request: Any, context: Any) -> Any:
+        served = await health.served_now(self.state)
+        return service_pb2.ServerReadyResponse(ready=health.serves_all(self.state, served))
+
+    @_answers_errors
+    async def ModelReady(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.INFERENCE)
+        try:
+            entry, version = self.state.repository.resolve(request.name, request.version)
+        except NotFound:
+            # As Triton: a model it does not know is not ready, rather than an error.
+            return service_pb2.ModelReadyResponse(ready=False)
+        served = await health.served_now(self.state)
+        ready = health.serves_model(self.state, entry, version, served)
+        return service_pb2.ModelReadyResponse(ready=ready)
+
+    @_answers_errors
+    async def ServerMetadata(self, request: Any, context: Any) -> Any:
+        return json_format.ParseDict(
+            metadata.server_metadata(), service_pb2.ServerMetadataResponse()
+        )
+
+    @_answers_errors
+    async def ModelMetadata(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.INFERENCE)
+        entry, _ = self.state.repository.resolve(request.name, request.version)
+        found = metadata.model_metadata(entry, request.version or None)
+        return json_format.ParseDict(found, service_pb2.ModelMetadataResponse())
+
+    @_answers_errors
+    async def ModelConfig(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.INFERENCE)
+        entry, _ = self.state.repository.resolve(request.name, request.version)
+        # Weir's config holds model_config.proto's fields; the one extra, an output's
+        # `optional` (always false), has no place in the message.
+        config = json_format.ParseDict(
+            metadata.model_config(entry), model_config_pb2.ModelConfig(), True
+        )
+        return service_pb2.ModelConfigResponse(config=config)
+
+    @_answers_errors
+    async def ModelStatistics(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        repository = self.state.repository
+        if request.name:
+            entries = [(repository.resolve(request.name, request.version)[0], request.version)]
+        else:  # As Triton: no name, every model
+            entries = [(entry, "") for entry in repository]
+        response = service_pb2.ModelStatisticsResponse()
+        for entry, version in entries:
+            for stats in await metadata.read_statistics(self.state.redis, entry, version or None):
+                json_format.ParseDict(stats, response.model_stats.add())
+        return response
+
+    @_answers_errors
+    async def RepositoryIndex(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        served = await health.served_now(self.state)
+        response = service_pb2.RepositoryIndexResponse()
+        for entry in self.state.repository:
+            for version in entry.versions:
+                ready = health.serves_model(self.state, entry, version, served)
+                if ready or not request.ready:
+                    state = "READY" if ready else "UNAVAILABLE"
+                    response.models.add(name=entry.name, version=version, state=state)
+        return response
+
+    @_answers_errors
+    async def ModelInfer(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.INFERENCE)
+        return await self.infer(request, context.time_remaining())
+
+    @_answers_errors
+    async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
+        self._authorize(context, Scope.INFERENCE)
+        stream = _StreamAnswers(self, context)
+        try:
+            async for request in request_iterator:
+                await stream.submit(request)
+            await stream.finish()
+        finally:
+            stream.cancel()
+
+    async def infer(self, request: Any, remaining_s: float | None) -> Any:
+        """One ``ModelInferRequest``, answered as HTTP answers it; WeirError on failure."""
+        state = self.state
+        entry, version = state.repository.resolve(request.model_name, request.model_version)
+        precheck = functools.partial(precheck_input, entry.config)
+        try:
+            body = grpc_codec.parse_infer_request(request, precheck)
+            _client_deadline(body, remaining_s)
+            reply = await execute(state, entry, version, body)
+        except WeirError as exc:
+            state.metrics.failed(entry.name, version, exc.kind)
+            raise
+        state.metrics.answered(entry.name, version, reply)
+        outputs = grpc_codec.select_outputs(body, reply.outputs)
+        return grpc_codec.render_infer_response(entry.name, version, request.id, outputs)
+
+    def _authorize(self, context: Any, scope: Scope) -> None:
+        token = required_token(self.state.settings, scope)
+        if token is not None:
+            check_authorization(_metadata(context, "authorization"), token, scope)
+
+    RepositoryModelLoad = _unimplemented("model loading (the repository is read at start)")
+    RepositoryModelUnload = _unimplemented("model unloading (the repository is read at start)")
+    SystemSharedMemoryStatus = _unimplemented("the system shared-memory extension")
+    SystemSharedMemoryRegister = _unimplemented("the system shared-memory extension")
+    SystemSharedMemoryUnregister = _unimplemented("the system shared-memory extension")
+    CudaSharedMemoryStatus = _unimplemented("the CUDA shared-memory extension")
+    CudaSharedMemoryRegister = _unimplemented("the CUDA shared-memory extension")
+    CudaSharedMemoryUnregister = _unimplemented("the CUDA shared-memory extension")
+    TraceSetting = _unimplemented("the trace extension")
+    LogSettings = _unimplemented("the logging extension")
+
+
+def _metadata(context: Any, key: str) -> str:
+    for name, value in context.invocation_metadata() or ():
+        if name == key:
+            return str(value)
+    return ""
+
+
+def _client_deadline(body: InferBody, remaining_s: float | None) -> None:
+    """Lower the request's deadline to the client's, so the mesh drops what nobody awaits.
+
+    Only ever lowers it, as the ``timeout`` parameter does; an invalid ``timeout`` is left
+    for the mesh to refuse.
+    """
+    if remaining_s is None:
+        return
+    remaining_us = max(int(remaining_s * 1e6), 1)
+    given = body.parameters.get("timeout")
+    valid = isinstance(given, int) and not isinstance(given, bool) and given > 0
+    if given is None or (valid and given > remaining_us):
+        body.parameters["timeout"] = remaining_us
+
+
+class _StreamAnswers:
+    """A stream's requests, run at once and each answered as soon as it is done.
+
+    Answers may leave out of order; each carries its request's id. A request that fails
+    is answered with its message in ``error_message``, and the stream goes on.
+    """
+
+    def __init__(self, servicer: InferenceServicer, context: Any) -> None:
+        self.servicer = servicer
+        self.context = context
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        self.writing = asyncio.Lock()
+
+    async def submit(self, request: Any) -> None:
+        await self.slots.acquire()
+        task = asyncio.create_task(self._answer(request))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def finish(self) -> None:
+        """Wait until every request read so far is answered."""
+        while self.tasks:
+            await asyncio.gather(*self.tasks)
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+    async def _answer(self, request: Any) -> None:
+        try:
+            response = await self._response(request)
+            async with self.writing:
+                await self.context.write(response)
+        finally:
+            self.slots.release()
+
+    async def _response(self, request: Any) -> Any:
+        try:
+            answer = await self.servicer.infer(request, self.context.time_remaining())
+            return service_pb2.ModelStreamInferResponse(infer_response=answer)
+        except WeirError as exc:
+            message = exc.message
+        except Exception:
+            logger.exception("gRPC stream inference failed")
+            message = INTERNAL_MESSAGE
+        return service_pb2.ModelStreamInferResponse(
+            error_message=message,
+            infer_response=service_pb2.ModelInferResponse(
+                model_name=request.model_name, model_version=request.model_version, id=request.id
+            ),
+        )
