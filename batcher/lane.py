@@ -10,15 +10,16 @@ deadline passed in the queue, and the acks of everything they consumed.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import time
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from batcher.policy import BatchQueue, Queued
 from weir import names, wire
 from weir.errors import DeadlineExceeded
+from weir.link import Command, Link
 from weir.repository import ModelEntry
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply
@@ -34,14 +35,14 @@ class BatcherLane:
 
     def __init__(
         self,
-        redis: Redis,
+        link: Link,
         group: StreamGroup,
         entry: ModelEntry,
         version: str,
         work_conserving: bool = True,
         busy_hold_s: float = 1.0,
     ) -> None:
-        self.redis = redis
+        self.link = link  # shared by the lanes: their transactions never block
         self.group = group
         self.model = entry.name
         self.version = version
@@ -152,22 +153,22 @@ class BatcherLane:
     async def _send(self, batch: list[Queued], expired: list[Queued]) -> None:
         credit_ids, self.credit_ids = self.credit_ids, []
         self.sending = {q.entry_id for q in (*batch, *expired)}.union(credit_ids)
+        commands: list[Command] = []
+        if batch:
+            payload = wire.encode_batch([q.payload for q in batch])
+            commands.append(("XADD", self.batch_stream, "*", wire.PAYLOAD, payload))
+        replies = [(item.reply_to, self._expired_reply(item)) for item in expired]
+        for stream, fields in wire.reply_entries(replies).items():
+            commands.append(("XADD", stream, "*", *itertools.chain(*fields.items())))
+        if expired:
+            commands.append(("DECRBY", self.queued_key, len(expired)))
+        consumed = [q.entry_id for q in (*batch, *expired)]
+        if consumed:
+            commands.append(self.group.ack(self.request_stream, consumed))
+        if credit_ids:
+            commands.append(self.group.ack(self.credit_stream, credit_ids))
         try:
-            async with self.redis.pipeline(transaction=True) as pipe:
-                if batch:
-                    payload = wire.encode_batch([q.payload for q in batch])
-                    pipe.xadd(self.batch_stream, {wire.PAYLOAD: payload})
-                replies = [(item.reply_to, self._expired_reply(item)) for item in expired]
-                for stream, fields in wire.reply_entries(replies).items():
-                    pipe.xadd(stream, fields)  # type: ignore[arg-type]
-                if expired:
-                    pipe.decrby(self.queued_key, len(expired))
-                consumed = [q.entry_id for q in (*batch, *expired)]
-                if consumed:
-                    self.group.ack(pipe, self.request_stream, consumed)
-                if credit_ids:
-                    self.group.ack(pipe, self.credit_stream, credit_ids)
-                await pipe.execute()
+            await self.link.transaction(*commands)
         except RedisError as exc:
             logger.warning("sending a batch of %s failed, keeping it: %s", self.model, exc)
             self.queue.restore([*batch, *expired])

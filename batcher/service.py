@@ -19,6 +19,7 @@ from redis.exceptions import RedisError
 from batcher.lane import BatcherLane
 from weir import names
 from weir.connection import connect
+from weir.link import Link
 from weir.liveness import Heartbeat, live_consumers
 from weir.reclaim import Reclaimer
 from weir.repository import Repository
@@ -44,6 +45,9 @@ class Batcher(Service):
         self.consumer = f"batcher-{uuid.uuid4().hex[:12]}"
         self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.BATCHER_GROUP, self.consumer)
+        # The hot path's connections: one for the blocking reads, one for the lanes' sends.
+        self.read_link = Link(settings.redis_url)
+        self.send_link = Link(settings.redis_url)
         self.reclaimer = Reclaimer(self.group, settings.reclaim_idle_ms)
         self.heartbeat = Heartbeat(
             self.redis, names.BATCHER_GROUP, self.consumer, settings.heartbeat_ttl_s, bytes
@@ -57,7 +61,7 @@ class Batcher(Service):
         for entry in repository:
             for version in () if entry.config.is_ensemble else entry.versions:
                 lane = BatcherLane(
-                    self.redis,
+                    self.send_link,
                     self.group,
                     entry,
                     version,
@@ -93,7 +97,10 @@ class Batcher(Service):
                     await self._upkeep()
                     next_upkeep = time.monotonic() + self.settings.reclaim_interval_s
                 entries = await self.group.read(
-                    list(self.routes), self.settings.read_count, self.settings.block_ms
+                    self.read_link,
+                    list(self.routes),
+                    self.settings.read_count,
+                    self.settings.block_ms,
                 )
             except RedisError as exc:
                 logger.warning("reading requests failed, retrying: %s", exc)
@@ -149,6 +156,8 @@ class Batcher(Service):
     async def shutdown(self) -> None:
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
         await self.heartbeat.stop()
+        await self.read_link.close()
+        await self.send_link.close()
         await self.redis.aclose()
 
 

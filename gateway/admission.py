@@ -9,7 +9,8 @@ counter in the transactions that answer requests.
 Requests are coalesced: every request that arrives while the previous flush is on its way
 to Redis waits for the next one, and a flush is one round trip for all of them (one script
 call per model and version, pipelined). At concurrency 1 a request goes out at once, alone;
-under load a gateway pays redis-py's per-command cost once per flush, not per request.
+under load a gateway pays the per-command cost once per flush, not per request. Flushes go
+over the gateway's own hot-path connection (:class:`~weir.link.Link`).
 """
 
 from __future__ import annotations
@@ -19,11 +20,10 @@ import logging
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from redis.typing import EncodableT
 
 from weir import names
+from weir.link import Arg, Command, Link
 
 logger = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ return results
 
 @dataclass(slots=True)
 class _Entry:
-    args: list[EncodableT]
+    args: list[Arg]
     admitted: asyncio.Future[bool]
 
 
@@ -65,10 +65,10 @@ class _Flush:
 class Admission:
     """Queues requests on their model's stream, bounded by the model's queue policy."""
 
-    def __init__(self, redis: Redis) -> None:
-        # EVAL, not redis-py's Script: in a pipeline that first asks SCRIPT EXISTS, one
-        # more round trip per flush; Redis caches the compiled script by its hash anyway.
-        self.redis = redis
+    def __init__(self, link: Link) -> None:
+        # EVAL, not EVALSHA: no NOSCRIPT to recover from after a Redis restart, and Redis
+        # caches the compiled script by its hash anyway.
+        self.link = link
         self._next = _Flush()
         self._flushing: asyncio.Task[None] | None = None
 
@@ -80,7 +80,7 @@ class Admission:
         RedisError when the flush that carried it failed: the entry may or may not have
         been added (Redis ran the scripts before the connection broke, or not).
         """
-        args: list[EncodableT] = [max_queue_size, 2 * len(fields)]
+        args: list[Arg] = [max_queue_size, 2 * len(fields)]
         for key, value in fields.items():
             args.extend((key, value))
         admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
@@ -101,28 +101,23 @@ class Admission:
 
     async def _flush(self, flush: _Flush) -> None:
         queues = list(flush.by_queue.items())
+        commands: list[Command] = []
+        for (model, version), entries in queues:
+            keys = (names.queued_counter(model, version), names.request_stream(model, version))
+            commands.append(("EVAL", _ADMIT, 2, *keys, *(a for e in entries for a in e.args)))
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                for (model, version), entries in queues:
-                    keys = [
-                        names.queued_counter(model, version),
-                        names.request_stream(model, version),
-                    ]
-                    args = [arg for entry in entries for arg in entry.args]
-                    pipe.eval(_ADMIT, len(keys), *keys, *args)
-                results = await pipe.execute(raise_on_error=False)
-        except (RedisError, OSError) as exc:
-            error = exc if isinstance(exc, RedisError) else RedisError(str(exc))
+            results = await self.link.call(*commands)
+        except RedisError as exc:
             for _, entries in queues:
-                _fail(entries, error)
+                _fail(entries, exc)
             return
         except BaseException as exc:  # cancelled: nobody waits in vain
             for _, entries in queues:
                 _fail(entries, RedisError(f"admission was interrupted: {exc!r}"))
             raise
         for (_, entries), result in zip(queues, results, strict=True):
-            if isinstance(result, Exception):
-                _fail(entries, result if isinstance(result, RedisError) else RedisError(result))
+            if isinstance(result, RedisError):
+                _fail(entries, result)
                 continue
             for entry, queued in zip(entries, result, strict=True):
                 if not entry.admitted.done():

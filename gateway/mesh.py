@@ -24,6 +24,7 @@ from pipelines.graph import load_pipelines
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.errors import DeadlineExceeded, InvalidInput, Unavailable
+from weir.link import Link, raise_errors
 from weir.repository import ModelEntry, Repository
 from weir.settings import GatewaySettings
 from weir.wire import InferReply, InferRequest
@@ -44,7 +45,10 @@ class MeshClient:
         self.gateway_id = uuid.uuid4().hex[:16]
         self.reply_stream = names.reply_stream(self.gateway_id)
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
-        self.admission = Admission(redis)
+        # The hot path's own connections: one shared by admissions, one for the blocking
+        # reply reads (see weir.link).
+        self.admission = Admission(Link(settings.redis_url))
+        self.reply_link = Link(settings.redis_url)
         self._ids = itertools.count()
 
     async def infer(
@@ -136,7 +140,7 @@ class MeshClient:
 
     async def read_replies(self) -> None:
         """The reader task: runs for the gateway's life."""
-        last_id: bytes | str = "0-0"
+        last_id = b"0-0"
         while True:
             try:
                 last_id = await self._read_once(last_id)
@@ -147,18 +151,18 @@ class MeshClient:
                 logger.warning("reading replies failed, retrying: %s", exc)
                 await asyncio.sleep(RETRY_READ_S)
 
-    async def _read_once(self, last_id: bytes | str) -> bytes | str:
-        async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.xtrim(self.reply_stream, minid=last_id)
-            pipe.xread(
-                {self.reply_stream: last_id},
-                count=self.settings.reply_read_count,
-                block=self.settings.reply_block_ms,
+    async def _read_once(self, last_id: bytes) -> bytes:
+        stream = self.reply_stream
+        count, block_ms = self.settings.reply_read_count, self.settings.reply_block_ms
+        _, result = raise_errors(
+            await self.reply_link.call(
+                ("XTRIM", stream, "MINID", last_id),
+                ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", stream, last_id),
             )
-            _, result = await pipe.execute()
+        )
         for _, entries in result or []:
             for entry_id, fields in entries:
-                for payload in wire.decode_batch(fields[wire.PAYLOAD]):
+                for payload in wire.decode_batch(wire.flat_field(fields, wire.PAYLOAD)):
                     self._resolve(payload)
                 last_id = entry_id
         return last_id
@@ -171,6 +175,8 @@ class MeshClient:
             future.set_result(reply)
 
     async def close(self) -> None:
+        await self.admission.link.close()
+        await self.reply_link.close()
         try:
             await self.redis.delete(self.reply_stream)
         except RedisError:

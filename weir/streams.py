@@ -1,19 +1,20 @@
 """One small class that owns the consumer-group side of the mesh's streams.
 
 A service creates its group on each stream it reads (only BUSYGROUP is ignored), reads new
-entries from many streams in one ``XREADGROUP`` with ``BLOCK``/``COUNT``, and acks
-explicitly, inside the same transaction that writes the entry's effect, so nothing is acked
-before what it produced is in Redis.
+entries from many streams in one ``XREADGROUP`` with ``BLOCK``/``COUNT`` (over a hot-path
+:class:`~weir.link.Link`), and acks explicitly, inside the same transaction that writes the
+entry's effect, so nothing is acked before what it produced is in Redis.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import ResponseError
+
+from weir.link import Arg, Command, Link
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,39 +44,43 @@ class StreamGroup:
                     raise
 
     async def read(
-        self, streams: list[str], count: int, block_ms: int, pending_after: bytes | None = None
+        self,
+        link: Link,
+        streams: list[str],
+        count: int,
+        block_ms: int,
+        pending_after: bytes | None = None,
     ) -> list[Entry]:
         """New entries from any of ``streams``: at most ``count`` per stream.
 
         With ``pending_after``, instead the entries after that id already delivered to this
-        consumer and not acked (a consumer restarted under its name resumes its work).
+        consumer and not acked (a consumer restarted under its name resumes its work). A read
+        that blocks holds ``link`` until it returns: each blocking reader has its own.
         """
         if not streams:
             return []
-        try:
-            reply = await self.redis.xreadgroup(
-                self.group,
-                self.consumer,
-                dict.fromkeys(streams, ">" if pending_after is None else pending_after),
-                count=count,
-                block=block_ms,
-            )
-        except ResponseError as exc:
+        start = ">" if pending_after is None else pending_after
+        command: list[Arg] = ["XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count]
+        if block_ms:
+            command += ["BLOCK", block_ms]
+        command += ["STREAMS", *streams, *([start] * len(streams))]
+        (reply,) = await link.call(command)
+        if isinstance(reply, ResponseError):
             # A Redis that restarted without its data has lost the groups: make them again.
-            if "NOGROUP" not in str(exc):
-                raise
+            if "NOGROUP" not in str(reply):
+                raise reply
             await self.ensure(streams)
             return []
-        read = cast(list[tuple[bytes, list[tuple[bytes, dict[bytes, bytes]]]]], reply or [])
         return [
-            Entry(_text(stream), entry_id, fields)
-            for stream, entries in read
-            for entry_id, fields in entries
+            Entry(_text(stream), entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+            for stream, entries in reply or []
+            for entry_id, flat in entries
+            if flat is not None  # an entry deleted since its delivery
         ]
 
-    def ack(self, pipe: Pipeline, stream: str, ids: list[bytes]) -> None:
-        """Queue the ack of ``ids`` on ``pipe``; it happens when the pipe executes."""
-        pipe.xack(stream, self.group, *ids)
+    def ack(self, stream: str, ids: list[bytes]) -> Command:
+        """The command that acks ``ids``; callers send it with what the entries produced."""
+        return ("XACK", stream, self.group, *ids)
 
 
 def group_info(groups: object, group: str) -> dict[str, Any] | None:

@@ -162,6 +162,14 @@ def encode_batch(payloads: list[bytes]) -> bytes:
     return msgpack.packb(payloads, use_bin_type=True)
 
 
+def flat_field(flat: list[bytes], name: bytes) -> bytes:
+    """The value of ``name`` in a stream entry's flat field/value list, as Redis sends it."""
+    for i in range(0, len(flat) - 1, 2):
+        if flat[i] == name:
+            return flat[i + 1]
+    raise KeyError(name)
+
+
 def reply_entries(replies: Iterable[tuple[str, bytes]]) -> dict[str, dict[bytes, bytes]]:
     """The entries that carry ``(reply stream, encoded reply)`` pairs: one per stream."""
     grouped: dict[str, list[bytes]] = {}

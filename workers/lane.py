@@ -14,16 +14,15 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Mapping
 from concurrent.futures import Executor
 
-from redis.asyncio import Redis
-from redis.asyncio.client import Pipeline
 from redis.exceptions import RedisError
-from redis.typing import EncodableT, FieldT
 
 from pipelines.route import Router
 from weir import names, wire
 from weir.errors import DeadlineExceeded, ServerError, WeirError
+from weir.link import Arg, Command, Link
 from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry
 from weir.settings import WorkerSettings
@@ -67,7 +66,7 @@ class WorkerLane:
 
     def __init__(
         self,
-        redis: Redis,
+        link: Link,
         group: StreamGroup,
         entry: ModelEntry,
         version: str,
@@ -75,7 +74,8 @@ class WorkerLane:
         settings: WorkerSettings,
         router: Router,
     ) -> None:
-        self.redis = redis
+        self.link = link  # the worker's, for transactions (they never block)
+        self.read_link = Link(settings.redis_url)  # this lane's own, for blocking reads
         self.group = group
         self.entry = entry
         self.version = version
@@ -97,9 +97,9 @@ class WorkerLane:
     def label(self) -> str:
         return f"{self.entry.name}:{self.version}"
 
-    def announce(self, pipe: Pipeline, instances: int) -> None:
-        """Queue a credit of ``instances`` free slots for the batchers on ``pipe``."""
-        pipe.xadd(self.credit_stream, {wire.CREDITS: b"%d" % instances})
+    def credit(self, instances: int) -> Command:
+        """The command that gives the batchers a credit of ``instances`` free slots."""
+        return ("XADD", self.credit_stream, "*", wire.CREDITS, instances)
 
     async def read(self, should_exit: asyncio.Event) -> None:
         """Take batches while instances are free, until told to exit."""
@@ -110,13 +110,17 @@ class WorkerLane:
             try:
                 entries: list[Entry] = []
                 if pending_after is not None:
-                    entries = await self.group.read([self.stream], slots, 0, pending_after)
+                    entries = await self.group.read(
+                        self.read_link, [self.stream], slots, 0, pending_after
+                    )
                     pending_after = entries[-1].id if entries else None
                 if not entries and time.monotonic() >= next_reclaim:
                     entries = await self._reclaim(slots)
                     next_reclaim = time.monotonic() + self.settings.reclaim_interval_s
                 if not entries:
-                    entries = await self.group.read([self.stream], slots, self.settings.block_ms)
+                    entries = await self.group.read(
+                        self.read_link, [self.stream], slots, self.settings.block_ms
+                    )
             except RedisError as exc:
                 logger.warning("reading batches of %s failed, retrying: %s", self.label, exc)
                 entries = []
@@ -206,7 +210,7 @@ class WorkerLane:
         return outcome
 
     async def _write(
-        self, entry_id: bytes, outcome: Outcome, dead: dict[FieldT, EncodableT] | None = None
+        self, entry_id: bytes, outcome: Outcome, dead: tuple[bytes, ...] | None = None
     ) -> None:
         """Write a batch's effects and ack it in one transaction, retrying while Redis is down."""
         while True:
@@ -216,32 +220,34 @@ class WorkerLane:
                     outcome.routed = []
                     outcome.replies.extend(effects.replies)
                     outcome.forwards.extend(effects.requests)
-                async with self.redis.pipeline(transaction=True) as pipe:
-                    if dead is not None:
-                        pipe.xadd(self.dead_stream, dead)
-                    self._queue_effects(pipe, entry_id, outcome)
-                    await pipe.execute()
+                commands: list[Command] = []
+                if dead is not None:
+                    commands.append(("XADD", self.dead_stream, "*", *dead))
+                await self.link.transaction(*commands, *self._effects(entry_id, outcome))
                 return
             except RedisError as exc:
                 logger.warning("writing replies of %s failed, retrying: %s", self.label, exc)
                 await asyncio.sleep(RETRY_S)
 
-    def _queue_effects(self, pipe: Pipeline, entry_id: bytes, outcome: Outcome) -> None:
-        maxlen = self.settings.reply_maxlen
-        for stream, fields in wire.reply_entries(outcome.replies).items():
-            pipe.xadd(stream, fields, maxlen=maxlen, approximate=True)  # type: ignore[arg-type]
+    def _effects(self, entry_id: bytes, outcome: Outcome) -> list[Command]:
+        maxlen = ("MAXLEN", "~", self.settings.reply_maxlen)
+        commands: list[Command] = [
+            ("XADD", stream, *maxlen, "*", *_flat(fields))
+            for stream, fields in wire.reply_entries(outcome.replies).items()
+        ]
         for request, batch in outcome.forwards:
             stream = names.request_stream(request.model, request.version)
-            pipe.xadd(stream, wire.request_fields(request, batch))  # type: ignore[arg-type]
-            pipe.incr(names.queued_counter(request.model, request.version))
+            commands.append(("XADD", stream, "*", *_flat(wire.request_fields(request, batch))))
+            commands.append(("INCR", names.queued_counter(request.model, request.version)))
         increments = _stat_increments(outcome)
         if increments:
             # EVAL, not EVALSHA: inside MULTI a script missing from a restarted Redis's cache
             # would fail alone and the rest of the transaction would still commit.
-            pipe.eval(_ADD_STATS, 1, self.stats_key, *increments)
-        pipe.decrby(self.queued_key, outcome.answered)
-        self.announce(pipe, 1)
-        self.group.ack(pipe, self.stream, [entry_id])
+            commands.append(("EVAL", _ADD_STATS, 1, self.stats_key, *increments))
+        commands.append(("DECRBY", self.queued_key, outcome.answered))
+        commands.append(self.credit(1))
+        commands.append(self.group.ack(self.stream, [entry_id]))
+        return commands
 
     async def _dead_letter(self, entry: Entry, reason: str) -> None:
         """Park a batch on the dead-letter stream; answer each request with a 500."""
@@ -260,16 +266,16 @@ class WorkerLane:
             outcome.replies.append((request.reply_to, _failure(request, error)))
         outcome.answered = len(requests)
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
-        dead: dict[FieldT, EncodableT] = {
-            wire.PAYLOAD: payload,
-            b"reason": reason.encode(),
-            b"id": entry.id,
-        }
+        dead = (wire.PAYLOAD, payload, b"reason", reason.encode(), b"id", entry.id)
         await self._write(entry.id, outcome, dead)
 
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def _flat(fields: Mapping[bytes, Arg]) -> list[Arg]:
+    return [item for pair in fields.items() for item in pair]
 
 
 def _stat_increments(outcome: Outcome) -> list[str | int]:

@@ -18,6 +18,7 @@ from pipelines.route import Router
 from weir import names
 from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
+from weir.link import Link
 from weir.liveness import Heartbeat
 from weir.repository import Repository
 from weir.service import Service, TaskSet
@@ -54,6 +55,7 @@ class Worker(Service):
         self.worker_id = f"{settings.pool}-{settings.name or uuid.uuid4().hex[:12]}"
         self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.WORKER_GROUP, self.worker_id)
+        self.link = Link(settings.redis_url)  # the lanes' transactions (see weir.link)
         self.lanes: list[WorkerLane] = []
         self.tasks = TaskSet()
         self.executor: ThreadPoolExecutor | None = None
@@ -82,14 +84,14 @@ class Worker(Service):
                     for _ in range(count)
                 ]
                 lane = WorkerLane(
-                    self.redis, self.group, entry, version, runners, self.settings, router
+                    self.link, self.group, entry, version, runners, self.settings, router
                 )
                 self.lanes.append(lane)
         await self.group.ensure([lane.stream for lane in self.lanes])
         await self.heartbeat.beat()
         async with self.redis.pipeline(transaction=False) as pipe:
             for lane in self.lanes:
-                lane.announce(pipe, len(lane.runners))
+                pipe.execute_command(*lane.credit(len(lane.runners)))
             await pipe.execute()
         instances = sum(len(lane.runners) for lane in self.lanes)
         self.executor = ThreadPoolExecutor(max(instances, 1), thread_name_prefix="instance")
@@ -136,4 +138,7 @@ class Worker(Service):
         if self.executor is not None:
             self.executor.shutdown(wait=False, cancel_futures=True)
         await self.heartbeat.stop()
+        for lane in self.lanes:
+            await lane.read_link.close()
+        await self.link.close()
         await self.redis.aclose()
