@@ -77,6 +77,10 @@ def _config(settings: GatewaySettings, app: InferFastPath) -> uvicorn.Config:
         http="auto",
         log_level=settings.log_level.lower(),
         access_log=False,
+        # Nothing in the gateway reads the client's address, so X-Forwarded-* need not be
+        # parsed on every request; no Server header, as Triton sends none.
+        proxy_headers=False,
+        server_header=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
     )
 
