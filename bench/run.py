@@ -31,7 +31,6 @@ from bench.workload import bench_repository, weights_bytes, write_body
 from bench.wrk import ensure_wrk
 from weir.redis_server import free_port
 from weir.settings import WorkerSettings
-from workers import runtime
 
 logger = logging.getLogger("bench")
 
@@ -150,8 +149,6 @@ def measure_all(args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    # The raw limit, the baseline and Weir all run torch in the worker's environment.
-    runtime.apply_defaults()
     args.repository, args.out = args.repository.resolve(), args.out.resolve()
     record = measure_all(args, prepare(args))
     write_outputs(args.out, record)

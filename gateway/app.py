@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import logging
 from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING
@@ -71,6 +72,9 @@ def create_app(
             )
         state = GatewayState(settings, repository, redis, mesh, metrics)
         grpc_server = None
+        # As every service after its startup (weir.service): what lives as long as the
+        # gateway is kept out of the collector's full collections.
+        gc.freeze()
         try:
             if settings.grpc_port:
                 grpc_server = await _start_grpc(state)

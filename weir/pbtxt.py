@@ -18,7 +18,8 @@ Differences from YAML, all due to the proto form:
   does not act on (:data:`IGNORED_TENSOR_FIELDS`, :data:`IGNORED_INSTANCE_GROUP_FIELDS`)
   are dropped with a warning rather than refused.
 
-Only this module imports protobuf and ``tritonclient``; neither pulls in torch.
+In ``weir/``, only this module imports protobuf and ``tritonclient`` (the gateway's gRPC service
+uses them too); neither pulls in torch.
 """
 
 from __future__ import annotations
