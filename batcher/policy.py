@@ -104,7 +104,8 @@ class BatchQueue:
         """The batch that should leave now, removed from the queue; empty if none should.
 
         ``full_only``: only a full batch leaves (every worker is busy, so anything smaller
-        would wait in the stream while more requests could still join it).
+        would wait in the stream while more requests could still join it): one at
+        ``max_batch_size``, or at the largest preferred size.
         """
         count = self._full_count() if full_only else self._ready_count(now_s, eager)
         batch: list[Queued] = []
@@ -130,6 +131,12 @@ class BatchQueue:
         if not self._count:
             return 0
         totals = self._fitting_totals()
+        # The largest preferred size counts as full: the config says batches need not grow
+        # past it, so one that reached it goes ahead to wait in the stream for a worker.
+        largest = max(self.preferred_sizes, default=0)
+        reached = [n for n, total in enumerate(totals, 1) if total == largest]
+        if reached:
+            return reached[-1]
         full = len(totals) < self._count or totals[-1] >= self.max_batch_size
         return len(totals) if full else 0
 

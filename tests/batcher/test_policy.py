@@ -191,10 +191,17 @@ def test_payloads_travel_with_their_entries() -> None:
 
 
 def test_full_only_holds_a_partial_batch_even_past_its_delay() -> None:
-    queue = BatchQueue(8, preferred_sizes=(2,), max_queue_delay_s=0.001)
+    queue = BatchQueue(8, preferred_sizes=(2, 4), max_queue_delay_s=0.001)
     fill(queue, [1, 1, 1])
     assert queue.take(now_s=10.0, full_only=True) == []
     assert len(queue) == 3
+
+
+def test_full_only_lets_the_largest_preferred_size_go_ahead() -> None:
+    queue = BatchQueue(8, preferred_sizes=(2, 4), max_queue_delay_s=10.0)
+    fill(queue, [1, 1, 1, 1, 1])
+    assert [q.size for q in queue.take(now_s=0.0, full_only=True)] == [1, 1, 1, 1]
+    assert len(queue) == 1
 
 
 def test_full_only_lets_a_full_batch_go_ahead() -> None:
