@@ -46,8 +46,8 @@ class Batcher(Service):
         self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.BATCHER_GROUP, self.consumer)
         # The hot path's connections: one for the blocking reads, one for the lanes' sends.
-        self.read_link = Link(settings.redis_url)
-        self.send_link = Link(settings.redis_url)
+        self.read_link = Link(settings.redis_url, settings.redis_timeout_s)
+        self.send_link = Link(settings.redis_url, settings.redis_timeout_s)
         self.reclaimer = Reclaimer(self.group, settings.reclaim_idle_ms)
         self.heartbeat = Heartbeat(
             self.redis, names.BATCHER_GROUP, self.consumer, settings.heartbeat_ttl_s, bytes

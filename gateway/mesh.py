@@ -47,8 +47,8 @@ class MeshClient:
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
         # The hot path's own connections: one shared by admissions, one for the blocking
         # reply reads (see weir.link).
-        self.admission = Admission(Link(settings.redis_url))
-        self.reply_link = Link(settings.redis_url)
+        self.admission = Admission(Link(settings.redis_url, settings.redis_timeout_s))
+        self.reply_link = Link(settings.redis_url, settings.redis_timeout_s)
         self._ids = itertools.count()
 
     async def infer(
@@ -61,11 +61,14 @@ class MeshClient:
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         self.waiting[request.id] = future
         try:
-            if entry.config.is_ensemble:
-                await self._start_route(entry, version, request, body)
-            else:
-                await self._send(entry, request, batch, level)
-            return await asyncio.wait_for(future, timeout_s)
+            # The deadline covers queueing too: a Redis that stops answering cannot hold a
+            # request past it.
+            async with asyncio.timeout(timeout_s):
+                if entry.config.is_ensemble:
+                    await self._start_route(entry, version, request, body)
+                else:
+                    await self._send(entry, request, batch, level)
+                return await future
         except TimeoutError:
             raise DeadlineExceeded(
                 f"request to model '{entry.name}' version '{version}' was not answered "
@@ -158,6 +161,7 @@ class MeshClient:
             await self.reply_link.call(
                 ("XTRIM", stream, "MINID", last_id),
                 ("XREAD", "COUNT", count, "BLOCK", block_ms, "STREAMS", stream, last_id),
+                block_s=block_ms / 1000,
             )
         )
         for _, entries in result or []:

@@ -35,6 +35,7 @@ from redis.exceptions import ResponseError
 Arg = bytes | str | int | float
 Command = Sequence[Arg]
 CONNECT_TIMEOUT_S = 5.0
+REPLY_TIMEOUT_S = 10.0
 _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": ssl.CERT_REQUIRED}
 
 
@@ -89,6 +90,12 @@ class _Protocol(asyncio.Protocol):
                 if not waiter.future.done():
                     waiter.future.set_result(waiter.replies)
 
+    def expire(self, future: asyncio.Future[list[Any]], timeout_s: float) -> None:
+        # No reply in time: the connection may be half-open (Redis gone without a reset).
+        # Replies still on their way would answer the wrong callers, so it is dropped.
+        if not future.done():
+            self._fail(RedisConnectionError(f"Redis did not answer within {timeout_s:g} s"))
+
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
         self._fail(RedisConnectionError(f"connection to Redis lost: {exc or 'closed'}"))
@@ -106,26 +113,40 @@ class _Protocol(asyncio.Protocol):
 class Link:
     """One Redis connection for pipelines of raw commands; connects on first use."""
 
-    def __init__(self, url: str, connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        url: str,
+        reply_timeout_s: float = REPLY_TIMEOUT_S,
+        connect_timeout_s: float = CONNECT_TIMEOUT_S,
+    ) -> None:
         self.options: dict[str, Any] = dict(parse_url(url))
+        self.reply_timeout_s = reply_timeout_s
         self.connect_timeout_s = connect_timeout_s
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
 
-    async def call(self, *commands: Command) -> list[Any]:
+    async def call(self, *commands: Command, block_s: float = 0.0) -> list[Any]:
         """Send ``commands`` as one pipeline; their replies, in order.
 
         An error reply is a ResponseError in the list. ConnectionError (a RedisError) when
-        the connection fails: commands already sent may or may not have run.
+        the connection fails, or no reply came within ``reply_timeout_s`` (plus ``block_s``,
+        the time a blocking command may itself wait): commands already sent may or may not
+        have run.
         """
         protocol = self._protocol
         if protocol is None or protocol.closed:
             protocol = await self._connect()
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[list[Any]] = loop.create_future()
         assert protocol.transport is not None
         protocol.waiting.append(_Waiter(len(commands), future))
         protocol.transport.write(pack(commands))
-        return await future
+        timeout_s = self.reply_timeout_s + block_s
+        timer = loop.call_later(timeout_s, protocol.expire, future, timeout_s)
+        try:
+            return await future
+        finally:
+            timer.cancel()
 
     async def transaction(self, *commands: Command) -> list[Any]:
         """Run ``commands`` in MULTI/EXEC; their results, or the first error raised.

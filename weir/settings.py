@@ -30,6 +30,13 @@ class ServiceSettings(BaseSettings):
     log_level: str = _shared("log_level", "INFO")
     shutdown_grace_s: float = _shared("shutdown_grace_s", 10.0, gt=0)
     redis_retries: int = Field(5, ge=0, description="retries, with exponential backoff")
+    redis_timeout_s: float = _shared(
+        "redis_timeout_s",
+        10.0,
+        gt=0,
+        description="longest wait for a hot-path Redis reply (beyond a read's own block time) "
+        "before its connection is dropped and made again",
+    )
     heartbeat_ttl_s: float = _shared("heartbeat_ttl_s", 3.0, gt=0)
 
 

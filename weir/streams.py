@@ -64,7 +64,7 @@ class StreamGroup:
         if block_ms:
             command += ["BLOCK", block_ms]
         command += ["STREAMS", *streams, *([start] * len(streams))]
-        (reply,) = await link.call(command)
+        (reply,) = await link.call(command, block_s=block_ms / 1000)
         if isinstance(reply, ResponseError):
             # A Redis that restarted without its data has lost the groups: make them again.
             if "NOGROUP" not in str(reply):

@@ -75,7 +75,9 @@ class WorkerLane:
         router: Router,
     ) -> None:
         self.link = link  # the worker's, for transactions (they never block)
-        self.read_link = Link(settings.redis_url)  # this lane's own, for blocking reads
+        self.read_link = Link(
+            settings.redis_url, settings.redis_timeout_s
+        )  # this lane's own, for blocking reads
         self.group = group
         self.entry = entry
         self.version = version

@@ -55,7 +55,9 @@ class Worker(Service):
         self.worker_id = f"{settings.pool}-{settings.name or uuid.uuid4().hex[:12]}"
         self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.WORKER_GROUP, self.worker_id)
-        self.link = Link(settings.redis_url)  # the lanes' transactions (see weir.link)
+        self.link = Link(
+            settings.redis_url, settings.redis_timeout_s
+        )  # the lanes' transactions (see weir.link)
         self.lanes: list[WorkerLane] = []
         self.tasks = TaskSet()
         self.executor: ThreadPoolExecutor | None = None

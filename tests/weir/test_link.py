@@ -4,6 +4,8 @@ errors as values, concurrent callers, a lost connection, a password and a databa
 from __future__ import annotations
 
 import asyncio
+import signal
+import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
@@ -132,3 +134,39 @@ def test_password_and_database_come_from_the_url(server: RedisServer) -> None:
     assert authed.get("where") == b"db3"
     with pytest.raises(RedisConnectionError, match="refused"):
         run(scenario(f"redis://:wrong@127.0.0.1:{server.port}/0"))
+
+
+def test_a_silent_redis_times_out_and_the_link_reconnects_after(server: RedisServer) -> None:
+    # SIGSTOP: the connection stays open and nothing answers, as with a half-open socket.
+    assert server.process is not None
+
+    async def scenario() -> tuple[str, list[object]]:
+        link = Link(server.url, reply_timeout_s=0.3)
+        await link.call(("PING",))
+        server.process.send_signal(signal.SIGSTOP)  # type: ignore[union-attr]
+        try:
+            started = time.monotonic()
+            with pytest.raises(RedisConnectionError) as silent:
+                await link.call(("PING",))
+            assert time.monotonic() - started < 2
+        finally:
+            server.process.send_signal(signal.SIGCONT)  # type: ignore[union-attr]
+        again = await link.call(("PING",))
+        await link.close()
+        return str(silent.value), again
+
+    message, again = run(scenario())
+    assert "did not answer within 0.3 s" in message
+    assert again == [b"PONG"]
+
+
+def test_a_blocking_read_may_wait_its_block_time(server: RedisServer) -> None:
+    async def scenario() -> list[object]:
+        link = Link(server.url, reply_timeout_s=0.2)
+        try:
+            # XREAD BLOCK 500 answers nil after 0.5 s: longer than the reply timeout alone.
+            return await link.call(("XREAD", "BLOCK", 500, "STREAMS", "empty", "$"), block_s=0.5)
+        finally:
+            await link.close()
+
+    assert run(scenario()) == [None]
