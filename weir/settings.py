@@ -93,6 +93,9 @@ class WorkerSettings(ServiceSettings):
     reclaim_idle_ms: int = Field(1000, ge=0, description="idle time before claiming")
     max_deliveries: int = Field(3, ge=1, description="deliveries before dead-lettering")
     reply_maxlen: int = Field(100_000, gt=0, description="approximate cap of a reply stream")
+    trim_memory_idle_s: float = Field(
+        2.0, ge=0, description="idle time before freed heap memory goes back (0: never)"
+    )
     inline_compute_us: int = Field(
         300,
         ge=0,

@@ -94,6 +94,7 @@ class WorkerLane:
         self.free = asyncio.Semaphore(len(runners))
         self.queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize=len(runners))
         self.compute_ewma_ns: int | None = None  # recent compute time of a batch
+        self.last_batch_s = 0.0  # monotonic time the last batch was written
 
     @property
     def label(self) -> str:
@@ -168,6 +169,7 @@ class WorkerLane:
             else:
                 await self._write(entry.id, outcome)
             finally:
+                self.last_batch_s = time.monotonic()
                 self.held.discard(entry.id)
                 self.queue.task_done()
                 self.free.release()

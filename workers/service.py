@@ -29,6 +29,7 @@ from weir.workload import encode_served
 from workers.backends import load_backend
 from workers.execution import BatchRunner
 from workers.lane import WorkerLane
+from workers.memory import IdleTrim
 
 logger = logging.getLogger(__name__)
 
@@ -124,9 +125,14 @@ class Worker(Service):
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         trimmer = Trimmer(self.redis, names.WORKER_GROUP, [lane.stream for lane in self.lanes])
         self.tasks.spawn(trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
+        idle = IdleTrim(self.settings.trim_memory_idle_s, self._last_batch_s)
+        self.tasks.spawn(idle.run(self.should_exit), "memory trim")
         await self.should_exit.wait()
         await self._drain(readers)
         await executors.cancel_all(self.settings.shutdown_grace_s)
+
+    def _last_batch_s(self) -> float:
+        return max((lane.last_batch_s for lane in self.lanes), default=0.0)
 
     async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
         """Stop intake, then finish what was taken, within the grace period."""
