@@ -16,16 +16,13 @@ over the gateway's own hot-path connection (:class:`~weir.link.Link`).
 from __future__ import annotations
 
 import asyncio
-import logging
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from redis.exceptions import RedisError
 
 from weir import names
 from weir.link import Arg, Command, Link
-
-logger = logging.getLogger(__name__)
 
 # KEYS: counter, stream. ARGV: for each entry, its max_queue_size (0: unbounded), its
 # number of field/value arguments, then those. Returns, per entry, the queue length after
@@ -55,11 +52,8 @@ class _Entry:
     admitted: asyncio.Future[bool]
 
 
-@dataclass(slots=True)
-class _Flush:
-    by_queue: defaultdict[tuple[str, str], list[_Entry]] = field(
-        default_factory=lambda: defaultdict(list)
-    )
+# What one flush carries: the entries of each (model, version), in arrival order.
+_Queues = defaultdict[tuple[str, str], list[_Entry]]
 
 
 class Admission:
@@ -69,7 +63,7 @@ class Admission:
         # EVAL, not EVALSHA: no NOSCRIPT to recover from after a Redis restart, and Redis
         # caches the compiled script by its hash anyway.
         self.link = link
-        self._next = _Flush()
+        self._next: _Queues = defaultdict(list)
         self._flushing: asyncio.Task[None] | None = None
 
     async def enqueue(
@@ -84,7 +78,7 @@ class Admission:
         for key, value in fields.items():
             args.extend((key, value))
         admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
-        self._next.by_queue[(model, version)].append(_Entry(args, admitted))
+        self._next[(model, version)].append(_Entry(args, admitted))
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all(), name="admission flush")
         return await admitted
@@ -93,14 +87,14 @@ class Admission:
         # Started by the first request of a flush; runs until nothing is left to send.
         # Being a task, it first lets every request already runnable join this flush.
         try:
-            while self._next.by_queue:
-                flush, self._next = self._next, _Flush()
+            while self._next:
+                flush, self._next = self._next, defaultdict(list)
                 await self._flush(flush)
         finally:
             self._flushing = None
 
-    async def _flush(self, flush: _Flush) -> None:
-        queues = list(flush.by_queue.items())
+    async def _flush(self, flush: _Queues) -> None:
+        queues = list(flush.items())
         commands: list[Command] = []
         for (model, version), entries in queues:
             keys = (names.queued_counter(model, version), names.request_stream(model, version))
