@@ -25,8 +25,9 @@ from weir import names
 from weir.link import Arg, Command, Link
 
 # KEYS: counter, stream. ARGV: for each entry, its max_queue_size (0: unbounded), its
-# number of field/value arguments, then those. Returns, per entry, the queue length after
-# it was added, or -1 when the queue was full.
+# number of field/value arguments, then those. Returns, per entry, 1 when it was added and
+# 0 when the queue was full. (Not the counter itself: replies to requests queued before a
+# Redis restart can take it below zero, and a negative count is no refusal.)
 _ADMIT = """
 local results = {}
 local at = 1
@@ -36,10 +37,11 @@ while at <= #ARGV do
   local first = at + 2
   at = first + count
   if limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
-    results[#results + 1] = -1
+    results[#results + 1] = 0
   else
     redis.call('XADD', KEYS[2], '*', unpack(ARGV, first, at - 1))
-    results[#results + 1] = redis.call('INCR', KEYS[1])
+    redis.call('INCR', KEYS[1])
+    results[#results + 1] = 1
   end
 end
 return results
@@ -115,7 +117,7 @@ class Admission:
                 continue
             for entry, queued in zip(entries, result, strict=True):
                 if not entry.admitted.done():
-                    entry.admitted.set_result(int(queued) >= 0)
+                    entry.admitted.set_result(queued == 1)
 
 
 def _fail(entries: list[_Entry], error: RedisError) -> None:

@@ -205,3 +205,16 @@ def test_default_timeout_microseconds_answers_504_naming_the_model(admission_mes
     wait_until(
         lambda: queued(admission_mesh, DEADLINE_MODEL) == 0, 10, "the expired request to leave"
     )
+
+
+def test_a_queue_counter_below_zero_refuses_nothing(admission_mesh: Mesh) -> None:
+    # Replies to requests queued before a Redis restart can take the counter below zero.
+    client = redis.Redis.from_url(admission_mesh.redis_url)
+    key = names.queued_counter(WIDE, "1")
+    wait_until(lambda: queued(admission_mesh, WIDE) == 0, 10, "the wide_mlp queue to empty")
+    client.set(key, -3)
+    try:
+        response = post(admission_mesh, WIDE, infer_body(wide_input(7)))
+        assert response.status_code == 200, response.text
+    finally:
+        client.set(key, 0)
