@@ -87,7 +87,9 @@ def _fp32(name: str, dims: list[int]) -> dict[str, Any]:
     return {"name": name, "data_type": "TYPE_FP32", "dims": dims}
 
 
-def mlp_spec(name: str, seed: int, widths: tuple[int, ...], max_batch_size: int = 64) -> ModelSpec:
+def mlp_spec(
+    name: str, seed: int, widths: tuple[int, ...], max_batch_size: int = 64, instances: int = 1
+) -> ModelSpec:
     config = {
         "name": name,
         "backend": "pytorch",
@@ -95,7 +97,7 @@ def mlp_spec(name: str, seed: int, widths: tuple[int, ...], max_batch_size: int 
         "input": [_fp32("INPUT0", [widths[0]])],
         "output": [_fp32("OUTPUT0", [widths[-1]])],
         "dynamic_batching": {"max_queue_delay_microseconds": 2000},
-        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+        "instance_group": [{"kind": "KIND_CPU", "count": instances}],
     }
     return ModelSpec(seed=seed, build=lambda: MLP(widths), config=config)
 
@@ -108,7 +110,8 @@ def bert_spec(name: str, seed: int, seq_len: int = 128) -> ModelSpec:
         "input": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [seq_len]}],
         "output": [_fp32("logits", [2])],
         "dynamic_batching": {"max_queue_delay_microseconds": 2000},
-        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
+        # Two instances, one torch thread each on 2 cores: see the config.yaml comment.
+        "instance_group": [{"kind": "KIND_CPU", "count": 2}],
     }
     return ModelSpec(seed=seed, build=lambda: BertMini(seq_len=seq_len), config=config)
 
@@ -116,7 +119,7 @@ def bert_spec(name: str, seed: int, seq_len: int = 128) -> ModelSpec:
 # The registry: add a model here and it is built (and its config written where missing).
 MODELS: dict[str, ModelSpec] = {
     "tiny_mlp": mlp_spec("tiny_mlp", seed=1, widths=(64, 256, 16)),
-    "wide_mlp": mlp_spec("wide_mlp", seed=2, widths=(1024, 4096, 4096, 1000)),
+    "wide_mlp": mlp_spec("wide_mlp", seed=2, widths=(1024, 4096, 4096, 1000), instances=2),
     "bert_mini": bert_spec("bert_mini", seed=3),
 }
 

@@ -86,7 +86,11 @@ class WorkerSettings(ServiceSettings):
 
     pool: str = "cpu"
     name: str = Field("", description="consumer name (e.g. the pod name); empty: random")
-    torch_threads: int = Field(0, ge=0, description="0: torch's own default")
+    torch_threads: int = Field(
+        0,
+        ge=0,
+        description="torch threads, shared out among a model's instances; 0: torch's default",
+    )
     block_ms: int = Field(1000, gt=0)
     trim_interval_s: float = Field(1.0, gt=0)
     reclaim_interval_s: float = Field(1.0, gt=0)

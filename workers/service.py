@@ -80,10 +80,9 @@ class Worker(Service):
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
+                path = entry.version_path(version)
                 runners = [
-                    BatchRunner(
-                        entry.config, load_backend(entry.config, entry.version_path(version))
-                    )
+                    BatchRunner(entry.config, load_backend(entry.config, path, count))
                     for _ in range(count)
                 ]
                 lane = WorkerLane(
@@ -136,7 +135,8 @@ class Worker(Service):
 
     async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
         """Stop intake, then finish what was taken, within the grace period."""
-        await asyncio.wait(readers, timeout=self.settings.block_ms / 1000 + 1)
+        if readers:
+            await asyncio.wait(readers, timeout=self.settings.block_ms / 1000 + 1)
         drains = [asyncio.ensure_future(lane.drain()) for lane in self.lanes]
         if drains:
             await asyncio.wait(drains, timeout=self.shutdown_grace_s)

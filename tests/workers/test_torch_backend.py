@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import numpy as np
@@ -78,3 +79,50 @@ def test_forward_arity_that_disagrees_with_config_is_a_config_error(tmp_path: Pa
     torch.jit.script(AddSub()).save(str(tmp_path / "model.pt"))
     with pytest.raises(ConfigError, match="forward\\(\\) takes 2 inputs"):
         load_backend(config(["X"], ["SUM"]), tmp_path)
+
+
+def threads_config(parameters: dict[str, str]) -> ModelConfig:
+    raw = config(["INPUT0"], ["OUTPUT0"]).model_dump()
+    return ModelConfig.model_validate({**raw, "parameters": parameters})
+
+
+def infer_in_thread(backend: object, x: np.ndarray) -> tuple[np.ndarray, int]:
+    """Run one batch on a fresh thread; its result and that thread's torch thread count."""
+    found: list[tuple[np.ndarray, int]] = []
+
+    def run() -> None:
+        out = backend.infer({"INPUT0": x})["OUTPUT0"]  # type: ignore[attr-defined]
+        found.append((out, torch.get_num_threads()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join()
+    return found[0]
+
+
+def test_instances_share_out_the_worker_threads(tmp_path: Path) -> None:
+    torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
+    total = torch.get_num_threads()
+    cfg = threads_config({})
+    assert load_backend(cfg, tmp_path, 1).threads == total  # type: ignore[attr-defined]
+    assert load_backend(cfg, tmp_path, 2).threads == max(total // 2, 1)  # type: ignore[attr-defined]
+    assert load_backend(cfg, tmp_path, 64).threads == 1  # type: ignore[attr-defined]
+
+
+def test_intra_op_thread_count_applies_to_the_calling_thread_only(tmp_path: Path) -> None:
+    torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
+    before = torch.get_num_threads()
+    wanted = before + 1
+    backend = load_backend(threads_config({"INTRA_OP_THREAD_COUNT": str(wanted)}), tmp_path, 2)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out, threads = infer_in_thread(backend, x)
+    np.testing.assert_array_equal(out, x * 2)
+    assert threads == wanted
+    assert torch.get_num_threads() == before  # this thread's count is its own
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "two", "1.5"])
+def test_a_bad_intra_op_thread_count_is_a_config_error(tmp_path: Path, value: str) -> None:
+    torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
+    with pytest.raises(ConfigError, match="INTRA_OP_THREAD_COUNT"):
+        load_backend(threads_config({"INTRA_OP_THREAD_COUNT": value}), tmp_path)

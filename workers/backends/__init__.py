@@ -9,12 +9,12 @@ from weir.errors import ConfigError
 from workers.backends.base import ModelBackend
 
 
-def load_backend(config: ModelConfig, version_dir: Path) -> ModelBackend:
-    """Load one instance of ``config``'s model from ``version_dir``."""
+def load_backend(config: ModelConfig, version_dir: Path, instances: int = 1) -> ModelBackend:
+    """Load one of ``instances`` instances of ``config``'s model from ``version_dir``."""
     if config.backend is Backend.PYTORCH:
         from workers.backends.torch_backend import TorchBackend
 
-        return TorchBackend(config, version_dir)
+        return TorchBackend(config, version_dir, instances)
     if config.backend is Backend.PYTHON:
         from workers.backends.python_backend import PythonBackend
 

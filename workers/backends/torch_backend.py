@@ -3,6 +3,12 @@
 Neither format is loaded by unpickling arbitrary objects. Inputs bind to ``forward()``
 arguments by name when every config input names one, else in config order. Outputs map to
 config outputs by name when the model returns a dict, else in order.
+
+Each instance runs its forward pass with its own number of intra-op threads: the config
+parameter ``INTRA_OP_THREAD_COUNT`` (Triton's name) when set, else the worker's torch threads
+shared out among the model's instances, at least one each. Two instances of a model on two
+cores thus run one thread each instead of four threads fighting over two cores. The count
+is per calling thread (OpenMP's own), set before each call where it differs.
 """
 
 from __future__ import annotations
@@ -24,18 +30,22 @@ logger = logging.getLogger(__name__)
 
 TORCHSCRIPT_FILE = "model.pt"
 EXPORT_FILE = "model.pt2"
+INTRA_OP_THREADS = "INTRA_OP_THREAD_COUNT"
 
 
 class TorchBackend(ModelBackend):
     """One instance of a PyTorch model, on the CPU."""
 
-    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
+    def __init__(self, config: ModelConfig, version_dir: Path, instances: int = 1) -> None:
         self.config = config
+        self.threads = intra_op_threads(config, instances)
         self.module, arg_names = _load(version_dir)
         self.input_order = _bind_inputs(config, arg_names)
         self.output_names = [spec.name for spec in config.output]
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        if torch.get_num_threads() != self.threads:
+            torch.set_num_threads(self.threads)
         with torch.inference_mode():
             args = [torch.from_numpy(inputs[name]) for name in self.input_order]
             result = self.module(*args)
@@ -53,6 +63,24 @@ class TorchBackend(ModelBackend):
                 f"model returned {len(values)} outputs, config declares {len(self.output_names)}"
             )
         return {name: _to_numpy(v) for name, v in zip(self.output_names, values, strict=True)}
+
+
+def intra_op_threads(config: ModelConfig, instances: int) -> int:
+    """Threads one instance's forward pass uses (see the module's docstring)."""
+    raw = config.parameters.get(INTRA_OP_THREADS)
+    if raw is None:
+        # Read on the loading thread: torch's default, or the worker's WEIR_WORKER_TORCH_THREADS.
+        return max(torch.get_num_threads() // max(instances, 1), 1)
+    try:
+        threads = int(raw)
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ConfigError(
+            f"model {config.name}: parameter {INTRA_OP_THREADS} must be a whole number of "
+            f"threads, at least 1; got {raw!r}"
+        )
+    return threads
 
 
 def _to_numpy(value: Any) -> np.ndarray:
