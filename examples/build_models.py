@@ -109,7 +109,7 @@ def bert_spec(name: str, seed: int, seq_len: int = 128) -> ModelSpec:
         "max_batch_size": 64,
         "input": [{"name": "input_ids", "data_type": "TYPE_INT64", "dims": [seq_len]}],
         "output": [_fp32("logits", [2])],
-        "dynamic_batching": {"max_queue_delay_microseconds": 2000},
+        "dynamic_batching": {"preferred_batch_size": [8], "max_queue_delay_microseconds": 2000},
         # Two instances, one torch thread each on 2 cores: see the config.yaml comment.
         "instance_group": [{"kind": "KIND_CPU", "count": 2}],
     }

@@ -29,7 +29,7 @@ from weir.workload import encode_served
 from workers.backends import load_backend
 from workers.execution import BatchRunner
 from workers.lane import WorkerLane
-from workers.memory import IdleTrim
+from workers.memory import IdleTrim, limit_arenas
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +74,7 @@ class Worker(Service):
             raise ValueError(
                 f"unknown pool {self.settings.pool!r}; expected one of {sorted(POOL_KINDS)}"
             )
+        limit_arenas()  # before any instance thread allocates
         self._configure_torch()
         repository = Repository.load(self.settings.repository)
         router = Router(self.redis, load_pipelines(repository))
@@ -81,10 +82,12 @@ class Worker(Service):
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
                 path = entry.version_path(version)
-                runners = [
-                    BatchRunner(entry.config, load_backend(entry.config, path, count))
-                    for _ in range(count)
+                first = load_backend(entry.config, path, count)
+                backends = [first] + [
+                    first if first.shareable else load_backend(entry.config, path, count)
+                    for _ in range(count - 1)
                 ]
+                runners = [BatchRunner(entry.config, backend) for backend in backends]
                 lane = WorkerLane(
                     self.link, self.group, entry, version, runners, self.settings, router
                 )

@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 
 import pytest
 
-from workers.memory import IdleTrim, malloc_trim
+from workers.memory import IdleTrim, limit_arenas, malloc_trim
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc_trim")
@@ -46,3 +47,63 @@ def test_trims_once_per_idle_spell() -> None:
 def test_zero_means_never() -> None:
     idle = IdleTrim(0, time.monotonic)
     asyncio.run(asyncio.wait_for(idle.run(asyncio.Event()), 1))  # returns at once
+
+
+# Two threads, one after the other, each mallocs 64 MB in 64 KiB blocks (below glibc's mmap
+# threshold, so from an arena), each followed by a small block it keeps (as live tensors do:
+# the heap cannot shrink past them), then frees the big ones; prints the peak RSS in MB.
+TWO_THREADS = """
+import ctypes, resource, sys, threading
+from workers.memory import limit_arenas
+if sys.argv[1] == "limit":
+    assert limit_arenas()
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
+libc.memset.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t]
+
+def burst():
+    blocks, pins = [], []
+    for _ in range(1024):
+        blocks.append(libc.malloc(65536))
+        pins.append(libc.malloc(64))
+    for block in blocks:
+        libc.memset(block, 1, 65536)
+    for block in blocks:
+        libc.free(block)
+    return pins
+
+done, hold = threading.Event(), threading.Event()
+first = threading.Thread(target=lambda: (burst(), done.set(), hold.wait()))
+first.start()
+done.wait()
+second = threading.Thread(target=burst)  # the first still lives: glibc gives it a new arena
+second.start()
+second.join()
+hold.set()
+first.join()
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024)
+"""
+
+
+def peak_mb(mode: str) -> int:
+    import subprocess
+
+    env = {k: v for k, v in os.environ.items() if k != "MALLOC_ARENA_MAX"}
+    done = subprocess.run(
+        [sys.executable, "-c", TWO_THREADS, mode], capture_output=True, text=True, env=env
+    )
+    assert done.returncode == 0, done.stderr
+    return int(done.stdout)
+
+
+@pytest.mark.skipif(malloc_trim() is None, reason="glibc only")
+def test_one_arena_lets_instance_threads_reuse_each_others_freed_memory() -> None:
+    # Without the cap the second thread's 64 MB come from a new arena while the first
+    # thread's freed 64 MB stay in its own: twice the memory for the same work.
+    assert peak_mb("limit") + 40 < peak_mb("default")
+
+
+def test_malloc_arena_max_in_the_environment_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert limit_arenas() is False  # glibc already read it at start

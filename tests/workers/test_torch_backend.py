@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -126,3 +127,22 @@ def test_a_bad_intra_op_thread_count_is_a_config_error(tmp_path: Path, value: st
     torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
     with pytest.raises(ConfigError, match="INTRA_OP_THREAD_COUNT"):
         load_backend(threads_config({"INTRA_OP_THREAD_COUNT": value}), tmp_path)
+
+
+def test_instances_can_share_one_module_across_threads(tmp_path: Path) -> None:
+    # Worker instances of a torch model share one loaded module: concurrent calls from their
+    # threads must each get their own batch's answer.
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    torch.jit.script(layer).save(str(tmp_path / "model.pt"))
+    backend = load_backend(config(["INPUT0"], ["OUTPUT0"]), tmp_path, 2)
+    assert backend.shareable
+    rng = np.random.default_rng(1)
+    batches = [rng.standard_normal((5, 4), dtype=np.float32) for _ in range(8)]
+    with torch.inference_mode():
+        expected = [layer(torch.from_numpy(b)).numpy() for b in batches]
+    with ThreadPoolExecutor(4) as pool:
+        for _ in range(25):
+            outs = list(pool.map(lambda b: backend.infer({"INPUT0": b})["OUTPUT0"], batches))
+            for out, want in zip(outs, expected, strict=True):
+                np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)

@@ -10,6 +10,14 @@ import numpy as np
 class ModelBackend(ABC):
     """One loaded instance of a model."""
 
+    # True when one loaded object may serve every instance of its model, each from its own
+    # thread at the same time: the weights are then in memory once, not once per instance.
+    shareable = False
+
     @abstractmethod
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run a whole batch. Called from an executor thread, one call at a time."""
+        """Run a whole batch. Called from an executor thread (or the worker's event loop).
+
+        One call at a time per instance; a ``shareable`` backend also runs calls of its
+        model's other instances at the same time.
+        """

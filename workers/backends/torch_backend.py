@@ -8,7 +8,8 @@ Each instance runs its forward pass with its own number of intra-op threads: the
 parameter ``INTRA_OP_THREAD_COUNT`` (Triton's name) when set, else the worker's torch threads
 shared out among the model's instances, at least one each. Two instances of a model on two
 cores thus run one thread each instead of four threads fighting over two cores. The count
-is per calling thread (OpenMP's own), set before each call where it differs.
+is per calling thread (OpenMP's own), set before each call where it differs. The instances
+of a model share one loaded module, so its weights are in memory once.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ INTRA_OP_THREADS = "INTRA_OP_THREAD_COUNT"
 
 
 class TorchBackend(ModelBackend):
-    """One instance of a PyTorch model, on the CPU."""
+    """A PyTorch model on the CPU, shared by its instances (forward passes are reentrant)."""
+
+    shareable = True
 
     def __init__(self, config: ModelConfig, version_dir: Path, instances: int = 1) -> None:
         self.config = config
