@@ -103,7 +103,8 @@ def markdown(record: dict[str, Any], points: list[Point], found: list[Target]) -
     s = record["settings"]
     lines = [
         f"Run {record['date']} on {record['machine']['summary']}; {s['duration_s']} s per point "
-        f"after {s['warmup_s']} s of warm-up, torch threads {record['raw']['torch_threads']}.",
+        f"after {s['warmup_s']} s of warm-up, the best of {s.get('rounds', 1)} rounds, "
+        f"torch threads {record['raw']['torch_threads']}.",
         "",
         "Raw limit, samples/s (ms per batch), the faster of the two runs (before, after):",
         "",

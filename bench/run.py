@@ -44,6 +44,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--concurrency", default=CONCURRENCY, help=f"default {CONCURRENCY}")
     parser.add_argument("--duration-s", type=int, default=8, help="measured seconds per point")
     parser.add_argument("--warmup-s", type=int, default=3, help="warm-up seconds per point")
+    parser.add_argument(
+        "--rounds", type=int, default=2, help="runs per point and server; the best is kept"
+    )
     parser.add_argument("--raw-s", type=float, default=1.0, help="timed seconds per batch size")
     parser.add_argument("--repository", type=Path, default=ROOT / "examples" / "models")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -73,7 +76,7 @@ def measure_raw(repository: Path, models: list[str], threads: int, raw_s: float)
 
 def schedule(args: argparse.Namespace) -> Schedule:
     concurrency = [int(c) for c in args.concurrency.split(",")]
-    return Schedule(concurrency, args.warmup_s, args.duration_s)
+    return Schedule(concurrency, args.warmup_s, args.duration_s, args.rounds)
 
 
 def serve_and_measure(

@@ -1,4 +1,4 @@
-"""The benchmark's arithmetic and parsing, on made-up numbers (nothing here is timed)."""
+"""The benchmark's arithmetic, parsing and point selection, on made-up numbers (nothing timed)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from bench.analysis import Point, fastest, model_ms, p99_bound_ms, peak, ratios, targets
+from bench.points import PointRunner, Schedule
+from bench.servers import ServerProcess
 from bench.workload import request_body
 from bench.wrk import MARKER, parse_output
 
@@ -90,3 +92,27 @@ def test_the_raw_limit_keeps_the_faster_of_two_runs_per_batch_size() -> None:
     mixed = {"wide_mlp": [RAW["wide_mlp"][0], *slower["wide_mlp"][1:]]}
     assert fastest(mixed, slower) == {"wide_mlp": mixed["wide_mlp"]}
     assert fastest(slower, RAW) == RAW
+
+
+class ScriptedRunner(PointRunner):
+    """Answers each measurement from a list of req/s per server, recording the order."""
+
+    def __init__(self, rates: dict[str, list[float]], rounds: int) -> None:
+        servers = [ServerProcess(n, [], 0, Path("/dev/null")) for n in rates]
+        super().__init__(servers, Schedule([8], 0, 1, rounds))
+        self.rates = rates
+        self.order: list[str] = []
+
+    def measure(self, server: ServerProcess, model: str, concurrency: int, body: Path) -> Point:
+        self.order.append(server.name)
+        rate = self.rates[server.name].pop(0)
+        if rate < 0:
+            raise RuntimeError("this run failed")
+        return point(server.name, concurrency, rate)
+
+
+def test_each_point_keeps_the_best_round_and_rounds_alternate_who_goes_first() -> None:
+    runner = ScriptedRunner({"baseline": [100.0, 120.0, 90.0], "weir": [300.0, -1.0, 250.0]}, 3)
+    kept = runner._rounds("wide_mlp", 8, Path("body.json"))
+    assert [(p.server, p.req_per_s) for p in kept] == [("baseline", 120.0), ("weir", 300.0)]
+    assert runner.order == ["baseline", "weir", "weir", "baseline", "baseline", "weir"]
