@@ -89,7 +89,7 @@ class WorkerSettings(ServiceSettings):
     torch_threads: int = Field(
         0,
         ge=0,
-        description="torch threads, shared out among a model's instances; 0: torch's default",
+        description="torch threads, shared out among the batches computing; 0: torch's default",
     )
     block_ms: int = Field(1000, gt=0)
     trim_interval_s: float = Field(1.0, gt=0)

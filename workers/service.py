@@ -30,6 +30,7 @@ from workers.backends import load_backend
 from workers.execution import BatchRunner
 from workers.lane import WorkerLane
 from workers.memory import IdleTrim, limit_arenas
+from workers.threads import ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +63,7 @@ class Worker(Service):
         self.lanes: list[WorkerLane] = []
         self.tasks = TaskSet()
         self.executor: ThreadPoolExecutor | None = None
+        self.threads = ThreadShare()  # torch's, shared out among the batches computing
         self.heartbeat = Heartbeat(
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
         )
@@ -82,9 +84,9 @@ class Worker(Service):
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
                 path = entry.version_path(version)
-                first = load_backend(entry.config, path, count)
+                first = load_backend(entry.config, path, self.threads)
                 backends = [first] + [
-                    first if first.shareable else load_backend(entry.config, path, count)
+                    first if first.shareable else load_backend(entry.config, path, self.threads)
                     for _ in range(count - 1)
                 ]
                 runners = [BatchRunner(entry.config, backend) for backend in backends]

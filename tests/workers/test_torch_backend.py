@@ -13,6 +13,7 @@ import torch
 from weir.config import ModelConfig
 from weir.errors import ConfigError
 from workers.backends import load_backend
+from workers.threads import ThreadShare
 
 
 class AddSub(torch.nn.Module):
@@ -101,20 +102,24 @@ def infer_in_thread(backend: object, x: np.ndarray) -> tuple[np.ndarray, int]:
     return found[0]
 
 
-def test_instances_share_out_the_worker_threads(tmp_path: Path) -> None:
+def test_a_batch_gets_its_share_of_the_worker_threads(tmp_path: Path) -> None:
     torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
-    total = torch.get_num_threads()
-    cfg = threads_config({})
-    assert load_backend(cfg, tmp_path, 1).threads == total  # type: ignore[attr-defined]
-    assert load_backend(cfg, tmp_path, 2).threads == max(total // 2, 1)  # type: ignore[attr-defined]
-    assert load_backend(cfg, tmp_path, 64).threads == 1  # type: ignore[attr-defined]
+    share = ThreadShare(4)
+    backend = load_backend(threads_config({}), tmp_path, share)
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    out, alone = infer_in_thread(backend, x)
+    np.testing.assert_array_equal(out, x * 2)
+    assert alone == 4
+    with share.computing():  # another instance's batch is running meanwhile
+        _, beside = infer_in_thread(backend, x)
+    assert beside == 2
 
 
 def test_intra_op_thread_count_applies_to_the_calling_thread_only(tmp_path: Path) -> None:
     torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
     before = torch.get_num_threads()
     wanted = before + 1
-    backend = load_backend(threads_config({"INTRA_OP_THREAD_COUNT": str(wanted)}), tmp_path, 2)
+    backend = load_backend(threads_config({"INTRA_OP_THREAD_COUNT": str(wanted)}), tmp_path)
     x = np.arange(8, dtype=np.float32).reshape(2, 4)
     out, threads = infer_in_thread(backend, x)
     np.testing.assert_array_equal(out, x * 2)
@@ -135,7 +140,7 @@ def test_instances_can_share_one_module_across_threads(tmp_path: Path) -> None:
     torch.manual_seed(0)
     layer = torch.nn.Linear(4, 4)
     torch.jit.script(layer).save(str(tmp_path / "model.pt"))
-    backend = load_backend(config(["INPUT0"], ["OUTPUT0"]), tmp_path, 2)
+    backend = load_backend(config(["INPUT0"], ["OUTPUT0"]), tmp_path)
     assert backend.shareable
     rng = np.random.default_rng(1)
     batches = [rng.standard_normal((5, 4), dtype=np.float32) for _ in range(8)]

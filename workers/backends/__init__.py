@@ -7,14 +7,20 @@ from pathlib import Path
 from weir.config import Backend, ModelConfig
 from weir.errors import ConfigError
 from workers.backends.base import ModelBackend
+from workers.threads import ThreadShare
 
 
-def load_backend(config: ModelConfig, version_dir: Path, instances: int = 1) -> ModelBackend:
-    """Load one of ``instances`` instances of ``config``'s model from ``version_dir``."""
+def load_backend(
+    config: ModelConfig, version_dir: Path, share: ThreadShare | None = None
+) -> ModelBackend:
+    """Load an instance of ``config``'s model from ``version_dir``.
+
+    ``share``: the worker's torch threads, which the instances of every model share out.
+    """
     if config.backend is Backend.PYTORCH:
         from workers.backends.torch_backend import TorchBackend
 
-        return TorchBackend(config, version_dir, instances)
+        return TorchBackend(config, version_dir, share)
     if config.backend is Backend.PYTHON:
         from workers.backends.python_backend import PythonBackend
 

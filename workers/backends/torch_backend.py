@@ -4,12 +4,12 @@ Neither format is loaded by unpickling arbitrary objects. Inputs bind to ``forwa
 arguments by name when every config input names one, else in config order. Outputs map to
 config outputs by name when the model returns a dict, else in order.
 
-Each instance runs its forward pass with its own number of intra-op threads: the config
-parameter ``INTRA_OP_THREAD_COUNT`` (Triton's name) when set, else the worker's torch threads
-shared out among the model's instances, at least one each. Two instances of a model on two
-cores thus run one thread each instead of four threads fighting over two cores. The count
-is per calling thread (OpenMP's own), set before each call where it differs. The instances
-of a model share one loaded module, so its weights are in memory once.
+Each forward pass runs on its own number of intra-op threads: the config parameter
+``INTRA_OP_THREAD_COUNT`` (Triton's name) when set, else its share of the worker's torch
+threads among the batches computing when it starts (:mod:`workers.threads`): all of them
+alone, half each when two instances are busy. The count is per calling thread (OpenMP's
+own), set before each call where it differs. The instances of a model share one loaded
+module, so its weights are in memory once.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import torch
 from weir.config import ModelConfig
 from weir.errors import ConfigError, ServerError
 from workers.backends.base import ModelBackend
+from workers.threads import ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -39,17 +40,23 @@ class TorchBackend(ModelBackend):
 
     shareable = True
 
-    def __init__(self, config: ModelConfig, version_dir: Path, instances: int = 1) -> None:
+    def __init__(
+        self, config: ModelConfig, version_dir: Path, share: ThreadShare | None = None
+    ) -> None:
         self.config = config
-        self.threads = intra_op_threads(config, instances)
+        self.threads = intra_op_threads(config)  # 0: a share of the worker's
+        self.share = share or ThreadShare()
+        # On the loading thread: torch's default, or the worker's WEIR_WORKER_TORCH_THREADS.
+        self.share.know(torch.get_num_threads())
         self.module, arg_names = _load(version_dir)
         self.input_order = _bind_inputs(config, arg_names)
         self.output_names = [spec.name for spec in config.output]
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if torch.get_num_threads() != self.threads:
-            torch.set_num_threads(self.threads)
-        with torch.inference_mode():
+        with self.share.computing() as share, torch.inference_mode():
+            threads = self.threads or share
+            if torch.get_num_threads() != threads:
+                torch.set_num_threads(threads)
             args = [torch.from_numpy(inputs[name]) for name in self.input_order]
             result = self.module(*args)
         return self._name_outputs(result)
@@ -68,12 +75,11 @@ class TorchBackend(ModelBackend):
         return {name: _to_numpy(v) for name, v in zip(self.output_names, values, strict=True)}
 
 
-def intra_op_threads(config: ModelConfig, instances: int) -> int:
-    """Threads one instance's forward pass uses (see the module's docstring)."""
+def intra_op_threads(config: ModelConfig) -> int:
+    """The config's fixed thread count per forward pass; 0 where it sets none."""
     raw = config.parameters.get(INTRA_OP_THREADS)
     if raw is None:
-        # Read on the loading thread: torch's default, or the worker's WEIR_WORKER_TORCH_THREADS.
-        return max(torch.get_num_threads() // max(instances, 1), 1)
+        return 0
     try:
         threads = int(raw)
     except ValueError:
