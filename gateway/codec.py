@@ -5,12 +5,18 @@ inputs appear in the JSON (``Inference-Header-Content-Length`` gives the JSON's 
 each binary input says its ``binary_data_size``). Inputs become :class:`~weir.tensors.Tensor`
 objects; nothing downstream sees JSON lists. A response is rendered the same way: outputs
 asked for as ``binary_data`` (or all, with ``binary_data_output``) follow the JSON header.
+
+Non-finite floats travel as Triton writes and reads them: the bare tokens ``NaN``,
+``Infinity`` and ``-Infinity`` (not standard JSON; Python's ``json`` and tritonclient read
+them). Bodies with them take a slower parse; responses with them a slower render.
 """
 
 from __future__ import annotations
 
 import itertools
+import json
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,10 +102,48 @@ def _load_json(raw: bytes) -> dict[str, Any]:
     try:
         header = orjson.loads(raw)
     except orjson.JSONDecodeError as exc:
-        raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        if b"NaN" not in raw and b"Infinity" not in raw:
+            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
+        header = _load_json_non_finite(raw, exc)
     if not isinstance(header, dict):
         raise InvalidInput("request body must be a JSON object")
     return header
+
+
+def _load_json_non_finite(raw: bytes, first: orjson.JSONDecodeError) -> Any:
+    """JSON with Triton's NaN, Infinity and -Infinity tokens, otherwise as strict as orjson."""
+    try:
+        text = raw.decode("utf-8")
+        value = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
+        _check_strings(value)
+    except (UnicodeError, ValueError, RecursionError):
+        raise InvalidInput(f"request body is not valid JSON: {first}") from None
+    return value
+
+
+def _constant(token: str) -> float:
+    return float(token)  # NaN, Infinity, -Infinity
+
+
+def _finite_float(token: str) -> float:
+    value = float(token)
+    if math.isinf(value):  # 1e999: out of range, as orjson and Triton say
+        raise ValueError(f"number out of range: {token}")
+    return value
+
+
+def _check_strings(value: Any) -> None:
+    """Reject what orjson would: strings with lone surrogates (not encodable as UTF-8)."""
+    stack = [value]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, str):
+            item.encode("utf-8")
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
 
 
 def _list_of_objects(header: dict[str, Any], key: str) -> list[dict[str, Any]]:
@@ -281,6 +325,7 @@ def render_infer_response(
     """The response body, and the JSON header's length when binary tensors follow it."""
     rendered: list[dict[str, Any]] = []
     chunks: list[bytes] = []
+    non_finite: list[bytes] = []  # JSON text of data orjson would write with nulls
     for name, tensor, binary in outputs:
         item: dict[str, Any] = {
             "name": name,
@@ -291,19 +336,33 @@ def render_infer_response(
             item["parameters"] = {"binary_data_size": len(tensor.data)}
             chunks.append(tensor.data)
         else:
-            item["data"] = _json_data(tensor)
+            item["data"] = _json_data(tensor, non_finite)
         rendered.append(item)
     response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": rendered}
     if request_id is not None:
         response["id"] = request_id
     header = orjson.dumps(response, option=orjson.OPT_SERIALIZE_NUMPY)
+    for i, text in enumerate(non_finite):
+        header = header.replace(orjson.dumps(_placeholder(i)), text, 1)
     if not chunks:
         return header, None
     return header + b"".join(chunks), len(header)
 
 
-def _json_data(tensor: Tensor) -> Any:
+def _json_data(tensor: Tensor, non_finite: list[bytes]) -> Any:
     array = tensor.to_numpy().reshape(-1)
     if tensor.datatype == datatypes.BYTES:
         return [e.decode(errors="replace") for e in array]
+    if array.dtype.kind == "f" and not np.isfinite(array).all():
+        # orjson writes null; Triton writes NaN, Infinity and -Infinity. Spliced in after.
+        non_finite.append(json.dumps(array.tolist(), separators=(",", ":")).encode())
+        return _placeholder(len(non_finite) - 1)
     return array
+
+
+_PLACEHOLDER = f"\x00weir-non-finite-{secrets.token_hex(8)}-"
+
+
+def _placeholder(i: int) -> str:
+    # Unguessable, so no output name or request id can be mistaken for it.
+    return f"{_PLACEHOLDER}{i}"

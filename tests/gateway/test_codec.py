@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import numpy as np
@@ -456,3 +457,43 @@ def test_rendered_binary_response_parses_back_as_the_same_tensors() -> None:
     raw, length = binary_body(header, body[header_length:])
 
     assert parse_infer_body(raw, length).inputs["OUT"] == tensor
+
+
+def test_nan_and_infinity_tokens_parse_as_triton_reads_them() -> None:
+    body = (
+        b'{"id": "NaN", "inputs": [{"name": "x", "datatype": "FP32", "shape": [4],'
+        b' "data": [NaN, Infinity, -Infinity, 0.5]}]}'
+    )
+    parsed = parse_infer_body(body, None)
+    assert parsed.id == "NaN"  # a string stays a string
+    data = parsed.inputs["x"].to_numpy()
+    assert np.isnan(data[0]) and data[1] == np.inf and data[2] == -np.inf and data[3] == 0.5
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [2], "data": [NaN, 1e999]}]}',
+        b'{"inputs": [{"name": "x", "datatype": "INT32", "shape": [1], "data": [NaN]}]}',
+        b'{"id": "\\udc00", "inputs": [{"name": "x", "datatype": "FP32", "shape": [1], '
+        b'"data": [NaN]}]}',
+        b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1], "data": [nan]}]}',
+    ],
+)
+def test_non_finite_bodies_stay_strict_otherwise(body: bytes) -> None:
+    invalid(body)
+
+
+def test_non_finite_outputs_render_as_triton_writes_them() -> None:
+    odd = Tensor.from_numpy(np.array([[1.5, np.nan], [np.inf, -np.inf]], dtype=np.float32))
+    plain = Tensor.from_numpy(np.array([0.25, 2.0], dtype=np.float64))
+    body, header_length = render_infer_response(
+        "m", "1", "r", [("odd", odd, False), ("plain", plain, False), ("again", odd, False)]
+    )
+    assert header_length is None
+    assert body.count(b"[1.5,NaN,Infinity,-Infinity]") == 2
+    outputs = {o["name"]: o["data"] for o in json.loads(body)["outputs"]}
+    assert outputs["plain"] == [0.25, 2.0]
+    for name in ("odd", "again"):
+        first, missing, *infinite = outputs[name]
+        assert first == 1.5 and np.isnan(missing) and infinite == [np.inf, -np.inf]

@@ -130,6 +130,27 @@ def test_tritonclient_http_infers_unmodified(mesh: Mesh, build_models: ModuleTyp
         client.close()
 
 
+def test_tritonclient_http_sends_and_reads_non_finite_json(
+    mesh: Mesh, build_models: ModuleType
+) -> None:
+    # Triton reads and writes NaN, Infinity and -Infinity in JSON; tritonclient relies on it.
+    import tritonclient.http as triton
+
+    client = triton.InferenceServerClient(mesh.url.removeprefix("http://"))
+    try:
+        batch = np.zeros((3, 64), dtype=np.float32)
+        batch[0, 0], batch[1, 0], batch[2, 0] = np.nan, np.inf, -np.inf
+        tensor = triton.InferInput("INPUT0", list(batch.shape), "FP32")
+        tensor.set_data_from_numpy(batch, binary_data=False)
+        wanted = triton.InferRequestedOutput("OUTPUT0", binary_data=False)
+        result = client.infer("tiny_mlp", [tensor], outputs=[wanted])
+        expected = reference(build_models, "tiny_mlp", batch)
+        assert not np.isfinite(expected).all()  # the model passes them on
+        np.testing.assert_allclose(result.as_numpy("OUTPUT0"), expected, rtol=1e-4, atol=1e-5)
+    finally:
+        client.close()
+
+
 def test_concurrent_requests_are_served_in_batches(mesh: Mesh, build_models: ModuleType) -> None:
     stats_url = f"{mesh.url}/v2/models/wide_mlp/versions/1/stats"
 
