@@ -16,7 +16,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-from tests.conftest import ROOT
+from tests.conftest import ROOT, http_ready, wait_until
 
 SERVICES = {
     "gateway": ["gateway"],
@@ -64,6 +64,15 @@ class Topology:
             )
         self.processes.append(process)
         return process
+
+    def start_mesh(self, http_port: int) -> str:
+        """A batcher, a worker and a gateway on ``http_port``; its URL once it is ready."""
+        self.start("batcher", "batcher")
+        self.start("worker", "worker")
+        self.start("gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(http_port))
+        url = f"http://127.0.0.1:{http_port}"
+        wait_until(lambda: http_ready(f"{url}/v2/health/ready"), 60, "the mesh")
+        return url
 
     def log(self, name: str) -> str:
         return (self.log_dir / f"{name}.log").read_text(errors="replace")

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from tests.chaos.helpers import Outcome, Topology, closed_loop, private_repository
-from tests.conftest import http_ready, wait_until
+from tests.conftest import wait_until
 from weir.redis_server import RedisServer, free_port
 
 
@@ -25,14 +25,10 @@ def test_redis_outage_gives_503_only_while_down(
     with torch.inference_mode():
         expected = build_models.reference_module("tiny_mlp")(torch.from_numpy(rows)).numpy()
     port = free_port()
-    url = f"http://127.0.0.1:{port}"
     server = RedisServer(appendonly=True).start()
     mesh = Topology(server.url, repository, tmp_path, {"WEIR_HEARTBEAT_TTL_S": "2"})
     try:
-        mesh.start("batcher", "batcher")
-        mesh.start("worker", "worker")
-        mesh.start("gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(port))
-        wait_until(lambda: http_ready(f"{url}/v2/health/ready"), 60, "the mesh")
+        url = mesh.start_mesh(port)
         window: dict[str, float] = {}
 
         outcomes: list[Outcome] = []

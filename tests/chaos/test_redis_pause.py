@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from tests.chaos.helpers import Topology, private_repository, tiny_body
-from tests.conftest import http_ready, wait_until
+from tests.conftest import wait_until
 from weir.redis_server import RedisServer, free_port
 
 
@@ -30,10 +30,7 @@ def test_a_paused_redis_costs_requests_their_deadline_not_forever(
     assert server.process is not None
     mesh = Topology(server.url, repository, tmp_path, {"WEIR_REDIS_TIMEOUT_S": "1"})
     try:
-        mesh.start("batcher", "batcher")
-        mesh.start("worker", "worker")
-        mesh.start("gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(port))
-        wait_until(lambda: http_ready(f"http://127.0.0.1:{port}/v2/health/ready"), 60, "mesh")
+        mesh.start_mesh(port)
         assert httpx.post(url, json=body, timeout=10).status_code == 200
 
         server.process.send_signal(signal.SIGSTOP)

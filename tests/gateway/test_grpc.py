@@ -12,9 +12,6 @@ import contextlib
 import queue
 import signal
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
@@ -32,7 +29,8 @@ from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
 from tests.chaos.helpers import Topology, private_repository
-from tests.conftest import BODY_LIMIT_BYTES, ROOT, Mesh, http_ready, wait_until
+from tests.conftest import BODY_LIMIT_BYTES, Mesh, http_ready, wait_until
+from tests.weir_up import port_open, weir_up
 from weir import errors
 from weir.redis_server import free_port
 
@@ -493,28 +491,16 @@ def test_a_single_process_gateway_will_not_share_a_taken_grpc_port(
     assert f"cannot serve gRPC on 127.0.0.1:{port}" in topology.log("gateway")
 
 
-def port_open(port: int) -> bool:
-    with socket.socket() as sock:
-        return sock.connect_ex(("127.0.0.1", port)) == 0
-
-
 @pytest.mark.timeout(120)
 def test_weir_up_serves_grpc(
     example_repository: Path, build_models: ModuleType, tmp_path: Path
 ) -> None:
     repository = private_repository(example_repository, tmp_path / "models", ["tiny_mlp"])
     http_port, grpc_port = free_port(), free_port()
-    command = ["up", "--http-port", str(http_port), "--grpc-port", str(grpc_port)]
-    command += ["--metrics-port", "0", "--repository", str(repository)]
-    process = subprocess.Popen(
-        [sys.executable, "-m", "weir.cli", *command], cwd=ROOT, stdout=subprocess.PIPE, text=True
-    )
-    lines: list[str] = []
-    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]
-    reader.start()
-    try:
-        wait_until(lambda: any("Weir is up" in line for line in lines), 90, "weir up to be ready")
-        assert f"gRPC 127.0.0.1:{grpc_port}" in next(line for line in lines if "Weir is up" in line)
+    args = ["--http-port", str(http_port), "--grpc-port", str(grpc_port)]
+    args += ["--metrics-port", "0", "--repository", str(repository)]
+    with weir_up(*args) as up:
+        assert f"gRPC 127.0.0.1:{grpc_port}" in up.banner
         x = rows(2, seed=6)
         with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as triton:
             assert triton.is_server_ready()
@@ -522,12 +508,6 @@ def test_weir_up_serves_grpc(
         np.testing.assert_allclose(
             got, reference(build_models, "tiny_mlp", x), rtol=1e-4, atol=1e-5
         )
-        process.send_signal(signal.SIGINT)
-        assert process.wait(60) == 0
+        up.process.send_signal(signal.SIGINT)
+        assert up.process.wait(60) == 0
         assert not port_open(grpc_port), "gRPC still listens after weir up exited"
-    finally:
-        if process.poll() is None:
-            process.kill()
-            process.wait()
-        reader.join(5)
-        process.stdout.close()  # type: ignore[union-attr]

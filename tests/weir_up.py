@@ -1,0 +1,48 @@
+"""``weir up`` as a real subprocess for tests: started, read, and never left running."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+from tests.conftest import ROOT, wait_until
+
+READY = "Weir is up"
+
+
+@dataclass
+class Up:
+    """A running ``weir up`` and the banner it printed when ready."""
+
+    process: subprocess.Popen[str]
+    banner: str
+
+
+@contextmanager
+def weir_up(*args: str) -> Iterator[Up]:
+    """Start ``weir up`` with ``args``; yield once it is ready; kill it if it still runs after."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "weir.cli", "up", *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+    )
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]
+    reader.start()
+    try:
+        wait_until(lambda: any(READY in line for line in lines), 90, "weir up to be ready")
+        yield Up(process, next(line for line in lines if READY in line))
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        reader.join(5)
+        process.stdout.close()  # type: ignore[union-attr]
+
+
+def port_open(port: int) -> bool:
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
