@@ -57,7 +57,7 @@ class Batcher(Service):
         self.tasks = TaskSet()
 
     async def startup(self) -> None:
-        repository = Repository.load(self.settings.repository)
+        repository = Repository.load(self.settings.repository, self.settings.default_max_batch_size)
         for entry in repository:
             for version in () if entry.config.is_ensemble else entry.versions:
                 lane = BatcherLane(

@@ -50,7 +50,7 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, GatewayState]]:
-        repository = Repository.load(settings.repository)
+        repository = Repository.load(settings.repository, settings.default_max_batch_size)
         redis = connect(settings.redis_url, retries=settings.redis_retries)
         mesh = MeshClient(redis, settings, repository)
         registry = CollectorRegistry()

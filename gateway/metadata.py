@@ -16,6 +16,7 @@ EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
 PLATFORMS: dict[Backend, str] = {
     Backend.PYTORCH: "pytorch_libtorch",
     Backend.ONNXRUNTIME: "onnxruntime_onnx",
+    Backend.OPENVINO: "openvino",
     Backend.TENSORRT: "tensorrt_plan",
     Backend.PYTHON: "python",
     Backend.ENSEMBLE: "ensemble",

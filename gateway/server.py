@@ -134,5 +134,10 @@ def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
         return None
     registry = CollectorRegistry()
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
-    registry.register(MeshCollector(settings.redis_url, Repository.load(settings.repository)))
+    registry.register(
+        MeshCollector(
+            settings.redis_url,
+            Repository.load(settings.repository, settings.default_max_batch_size),
+        )
+    )
     return MetricsServer(registry, settings.host, settings.metrics_port)

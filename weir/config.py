@@ -25,14 +25,12 @@ logger = logging.getLogger(__name__)
 # Triton fields that a config may carry and Weir does not act on yet: loaded with a warning.
 IGNORED_TRITON_FIELDS = frozenset(
     {
-        "optimization",
         "model_warmup",
         "response_cache",
         "model_transaction_policy",
         "model_operations",
         "model_metrics",
         "metric_tags",
-        "default_model_filename",
         "cc_model_filenames",
         "model_repository_agents",
         "runtime",
@@ -45,6 +43,7 @@ class Backend(StrEnum):
 
     PYTORCH = "pytorch"
     ONNXRUNTIME = "onnxruntime"
+    OPENVINO = "openvino"
     TENSORRT = "tensorrt"
     PYTHON = "python"
     ENSEMBLE = "ensemble"
@@ -56,6 +55,7 @@ BACKEND_ALIASES: dict[str, Backend] = {
     "pytorch_libtorch": Backend.PYTORCH,
     "onnxruntime": Backend.ONNXRUNTIME,
     "onnxruntime_onnx": Backend.ONNXRUNTIME,
+    "openvino": Backend.OPENVINO,
     "tensorrt": Backend.TENSORRT,
     "tensorrt_plan": Backend.TENSORRT,
     "python": Backend.PYTHON,
@@ -201,6 +201,43 @@ class VersionPolicy(_Strict):
         return ordered[-keep:]
 
 
+class Accelerator(_Strict):
+    """One ``execution_accelerators`` entry: a name (``tensorrt``, ``openvino``...)."""
+
+    name: str = Field(min_length=1)
+    parameters: dict[str, str] = Field(default_factory=dict)
+
+
+class ExecutionAccelerators(_Strict):
+    """Triton's ``optimization.execution_accelerators``, kept for the backends that use it."""
+
+    gpu_execution_accelerator: tuple[Accelerator, ...] = ()
+    cpu_execution_accelerator: tuple[Accelerator, ...] = ()
+
+
+class GraphOptimization(_Strict):
+    """``optimization.graph.level``; ONNX Runtime reads -1 basic, 1 extended, 2 none."""
+
+    level: int = 0
+
+
+class Optimization(_Strict):
+    """Triton's ``optimization`` block.
+
+    ``graph`` and ``execution_accelerators`` are acted on by the backends that have them; the
+    rest is accepted and kept as given.
+    """
+
+    graph: GraphOptimization | None = None
+    execution_accelerators: ExecutionAccelerators | None = None
+    priority: str | None = None
+    cuda: dict[str, Any] | None = None
+    input_pinned_memory: dict[str, Any] | None = None
+    output_pinned_memory: dict[str, Any] | None = None
+    gather_kernel_buffer_threshold: int | None = None
+    eager_batching: bool | None = None
+
+
 class ModelConfig(_Strict):
     """A model's ``config.yaml``: the subset of ``model_config.proto`` Weir implements."""
 
@@ -214,6 +251,9 @@ class ModelConfig(_Strict):
     version_policy: VersionPolicy = VersionPolicy(latest=LatestPolicy())
     parameters: dict[str, str] = Field(default_factory=dict)
     ensemble_scheduling: EnsembleScheduling | None = None
+    optimization: Optimization | None = None
+    # The model file in each version directory; empty: the backend's (model.onnx...).
+    default_model_filename: str = ""
 
     @model_validator(mode="before")
     @classmethod
@@ -227,6 +267,13 @@ class ModelConfig(_Strict):
             # A pipeline runs no instances of its own: each step runs in its model's pool.
             raw.setdefault("instance_group", ())
         return raw
+
+    @field_validator("default_model_filename")
+    @classmethod
+    def _plain_filename(cls, value: str) -> str:
+        if value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"{value!r} must name a file inside the version directory")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
@@ -265,7 +312,9 @@ def _pick_backend(raw: dict[str, Any]) -> None:
     platform = raw.pop("platform", None)
     name = backend or platform
     if name is None:
-        raise ValueError("set backend (pytorch, onnxruntime, tensorrt, python) or platform")
+        raise ValueError(
+            "set backend (pytorch, onnxruntime, openvino, tensorrt, python) or platform"
+        )
     resolved = BACKEND_ALIASES.get(str(name))
     if resolved is None:
         raise ValueError(f"unknown backend {name!r}; expected one of {sorted(BACKEND_ALIASES)}")
@@ -292,13 +341,20 @@ def _unique_names(field: str, specs: tuple[TensorSpec, ...]) -> None:
         seen.add(spec.name)
 
 
-def load_config(path: Path, default_name: str) -> ModelConfig:
-    """Parse one ``config.yaml``; every problem raises ConfigError naming file and field."""
+def read_yaml(path: Path) -> dict[str, Any]:
+    """One ``config.yaml`` as a dict, not yet validated."""
     try:
         raw = yaml.safe_load(path.read_text()) or {}
     except (OSError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: cannot read config: {exc}") from exc
-    return config_from_raw(raw, path, default_name)
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: config: a model config is a mapping of field names to values")
+    return raw
+
+
+def load_config(path: Path, default_name: str) -> ModelConfig:
+    """Parse one ``config.yaml``; every problem raises ConfigError naming file and field."""
+    return config_from_raw(read_yaml(path), path, default_name)
 
 
 def config_from_raw(raw: Any, path: Path, default_name: str) -> ModelConfig:

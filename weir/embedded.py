@@ -41,6 +41,7 @@ class Embedded(Service):
             WEIR_REDIS_URL=self.redis.url,
             WEIR_REPOSITORY=str(self.settings.repository.resolve()),
             WEIR_LOG_LEVEL=self.settings.log_level,
+            WEIR_DEFAULT_MAX_BATCH_SIZE=str(self.settings.default_max_batch_size),
             WEIR_GATEWAY_HTTP_PORT=str(self.settings.http_port),
             WEIR_GATEWAY_GRPC_PORT=str(self.settings.grpc_port),
             WEIR_GATEWAY_METRICS_PORT=str(self.settings.metrics_port),

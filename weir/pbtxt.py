@@ -64,13 +64,18 @@ _INT64_TYPES = frozenset(
 
 def load_pbtxt(path: Path, default_name: str) -> ModelConfig:
     """Parse one ``config.pbtxt``; every problem raises ConfigError naming file and field."""
+    return config_from_raw(read_pbtxt(path), path, default_name)
+
+
+def read_pbtxt(path: Path) -> dict[str, Any]:
+    """One ``config.pbtxt`` as the dict its YAML would hold, fields Weir ignores dropped."""
     raw = pbtxt_to_raw(path)
     for field in ("input", "output"):
         _drop_ignored(path, raw, field, IGNORED_TENSOR_FIELDS)
         for tensor in raw.get(field, ()):
             tensor.setdefault("dims", [])  # absent in proto JSON when empty
     _drop_ignored(path, raw, "instance_group", IGNORED_INSTANCE_GROUP_FIELDS)
-    return config_from_raw(raw, path, default_name)
+    return raw
 
 
 def pbtxt_to_raw(path: Path) -> dict[str, Any]:

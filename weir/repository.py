@@ -4,8 +4,11 @@
     <repository>/<model>/<version>/model.pt | model.pt2 | model.py | ...
 
 Loading reads every config and lists the numeric version directories; the version policy
-picks the versions served. An ensemble (a pipeline) may have no version directory at all,
-then it serves version ``1``; Triton's empty ``1/`` works too. Once every model is loaded,
+picks the versions served. An ONNX or OpenVINO model needs no config, or only part of one:
+what it lacks is filled from the model file and every served version's file is checked
+against the result (:mod:`weir.autocomplete`, Triton's auto-complete). An ensemble (a
+pipeline) may have no version directory at all, then it serves version ``1``; Triton's empty
+``1/`` works too. Once every model is loaded,
 each ensemble's step graph is checked against the models it names (:mod:`weir.ensemble`).
 Nothing here imports a backend: the gateway and the batcher load the repository without
 torch.
@@ -16,8 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
-from weir.config import ModelConfig, load_config
+from weir import autocomplete
+from weir.config import ModelConfig, config_from_raw, read_yaml
 from weir.ensemble import check_ensemble
 from weir.errors import ConfigError, NotFound
 
@@ -48,9 +53,8 @@ class ModelEntry:
 
     @property
     def config_file(self) -> Path:
-        """The file the config was read from."""
-        yaml_file = self.path / CONFIG_FILE
-        return yaml_file if yaml_file.is_file() else self.path / PBTXT_FILE
+        """The file the config was read from (the model directory when there is none)."""
+        return _config_path(self.path) or self.path
 
 
 class Repository:
@@ -61,7 +65,14 @@ class Repository:
         self.models = models
 
     @classmethod
-    def load(cls, root: Path | str) -> Repository:
+    def load(
+        cls, root: Path | str, default_max_batch_size: int = autocomplete.DEFAULT_MAX_BATCH_SIZE
+    ) -> Repository:
+        """Every model under ``root``.
+
+        ``default_max_batch_size``: what auto-complete gives a model that can batch when its
+        config sets no ``max_batch_size``.
+        """
         root = Path(root).resolve()
         if not root.is_dir():
             raise ConfigError(f"{root}: model repository is not a directory")
@@ -69,7 +80,7 @@ class Repository:
         for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
             if model_dir.name.startswith("."):
                 continue
-            entry = _load_model(model_dir)
+            entry = _load_model(model_dir, default_max_batch_size)
             _check_inside(root, entry)
             models[entry.name] = entry
         for entry in models.values():
@@ -98,25 +109,46 @@ def _check_inside(root: Path, entry: ModelEntry) -> None:
             raise ConfigError(f"{path}: leads outside the model repository {root}")
 
 
-def _load_model(model_dir: Path) -> ModelEntry:
-    config_path = model_dir / CONFIG_FILE
-    if config_path.is_file():
-        config = load_config(config_path, model_dir.name)
-    elif (model_dir / PBTXT_FILE).is_file():
-        config_path = model_dir / PBTXT_FILE
-        # protobuf and tritonclient's messages cost ~20 MB per process: only when needed.
-        from weir.pbtxt import load_pbtxt
+def _config_path(model_dir: Path) -> Path | None:
+    for name in (CONFIG_FILE, PBTXT_FILE):
+        if (model_dir / name).is_file():
+            return model_dir / name
+    return None
 
-        config = load_pbtxt(config_path, model_dir.name)
-    else:
-        raise ConfigError(f"{model_dir}: no {CONFIG_FILE} or {PBTXT_FILE}")
+
+def _read_raw(model_dir: Path, config_path: Path | None) -> dict[str, Any]:
+    if config_path is None:
+        return {}
+    if config_path.name == CONFIG_FILE:
+        return read_yaml(config_path)
+    # protobuf and tritonclient's messages cost ~20 MB per process: only when needed.
+    from weir.pbtxt import read_pbtxt
+
+    return read_pbtxt(config_path)
+
+
+def _load_model(model_dir: Path, default_max_batch_size: int) -> ModelEntry:
+    config_path = _config_path(model_dir)
+    raw = _read_raw(model_dir, config_path)
     available = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
+    if config_path is None:
+        backend = autocomplete.guess_backend(model_dir, available)
+        if backend is None:
+            raise ConfigError(
+                f"{model_dir}: no {CONFIG_FILE} or {PBTXT_FILE}, and no model.onnx or "
+                "model.xml in a version directory to fill one from"
+            )
+        raw["backend"] = backend
+    source = config_path or model_dir
+    raw = autocomplete.complete(raw, model_dir, available, default_max_batch_size)
+    config = config_from_raw(raw, source, model_dir.name)
     if config.is_ensemble and not available:
         available = [ENSEMBLE_VERSION]
     served = config.version_policy.select(available)
     if not served:
         raise ConfigError(
-            f"{config_path}: version_policy: no version directory to serve "
+            f"{source}: version_policy: no version directory to serve "
             f"(found {sorted(available) or 'none'})"
         )
+    autocomplete.check_served(config, source, [model_dir / str(v) for v in served])
     return ModelEntry(config, model_dir, tuple(str(v) for v in served))

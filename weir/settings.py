@@ -38,6 +38,13 @@ class ServiceSettings(BaseSettings):
         "before its connection is dropped and made again",
     )
     heartbeat_ttl_s: float = _shared("heartbeat_ttl_s", 3.0, gt=0)
+    default_max_batch_size: int = _shared(
+        "default_max_batch_size",
+        4,
+        ge=0,
+        description="max_batch_size that auto-complete gives a model that can batch when its "
+        "config sets none (Triton's --backend-config=default-max-batch-size)",
+    )
 
 
 class GatewaySettings(ServiceSettings):

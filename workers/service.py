@@ -63,7 +63,8 @@ class Worker(Service):
         self.lanes: list[WorkerLane] = []
         self.tasks = TaskSet()
         self.executor: ThreadPoolExecutor | None = None
-        self.threads = ThreadShare()  # torch's, shared out among the batches computing
+        # The worker's threads (every backend's), shared out among the batches computing.
+        self.threads = ThreadShare(settings.torch_threads)
         self.heartbeat = Heartbeat(
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
         )
@@ -78,15 +79,17 @@ class Worker(Service):
             )
         limit_arenas()  # before any instance thread allocates
         self._configure_torch()
-        repository = Repository.load(self.settings.repository)
+        repository = Repository.load(self.settings.repository, self.settings.default_max_batch_size)
         router = Router(self.redis, load_pipelines(repository))
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
                 path = entry.version_path(version)
-                first = load_backend(entry.config, path, self.threads)
+                first = load_backend(entry.config, path, self.threads, count)
                 backends = [first] + [
-                    first if first.shareable else load_backend(entry.config, path, self.threads)
+                    first
+                    if first.shareable
+                    else load_backend(entry.config, path, self.threads, count)
                     for _ in range(count - 1)
                 ]
                 runners = [BatchRunner(entry.config, backend) for backend in backends]

@@ -11,12 +11,21 @@ fixed when it starts.
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 HOLD_S = 1.0
+
+
+def available_cores() -> int:
+    """The cores this process may run on (its CPU affinity, as a container limits it)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except AttributeError:  # not on Linux
+        return os.cpu_count() or 1
 
 
 class ThreadShare:

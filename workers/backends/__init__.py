@@ -11,16 +11,25 @@ from workers.threads import ThreadShare
 
 
 def load_backend(
-    config: ModelConfig, version_dir: Path, share: ThreadShare | None = None
+    config: ModelConfig, version_dir: Path, share: ThreadShare | None = None, instances: int = 1
 ) -> ModelBackend:
     """Load an instance of ``config``'s model from ``version_dir``.
 
-    ``share``: the worker's torch threads, which the instances of every model share out.
+    ``share``: the worker's threads, which the instances of every model share out;
+    ``instances``: how many instances of this model the worker runs.
     """
     if config.backend is Backend.PYTORCH:
         from workers.backends.torch_backend import TorchBackend
 
         return TorchBackend(config, version_dir, share)
+    if config.backend is Backend.ONNXRUNTIME:
+        from workers.backends.onnxruntime_backend import OnnxRuntimeBackend
+
+        return OnnxRuntimeBackend(config, version_dir, share, instances)
+    if config.backend is Backend.OPENVINO:
+        from workers.backends.openvino_backend import OpenVinoBackend
+
+        return OpenVinoBackend(config, version_dir, share, instances)
     if config.backend is Backend.PYTHON:
         from workers.backends.python_backend import PythonBackend
 

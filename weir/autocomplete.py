@@ -1,0 +1,203 @@
+"""Configs filled from the model and checked against it, by Triton's auto-complete rules.
+
+For a backend whose files carry a signature (ONNX Runtime, OpenVINO), a config that lacks
+``input`` or ``output`` (or a model with no config file at all) is completed from the model
+file of its latest served version, as Triton's backends do:
+
+- the model can batch when every input and output has a dynamic first dimension; then a
+  ``max_batch_size`` left at 0 becomes the default (Triton's ``default-max-batch-size``, 4;
+  ``WEIR_DEFAULT_MAX_BATCH_SIZE``), and with more than 1, a config with no
+  ``dynamic_batching`` gets Triton's default one. A model that cannot batch with a
+  ``max_batch_size`` above 0 is an error;
+- the inputs or outputs the config lacks are the model's, names, datatypes and dims (the
+  batch dimension dropped when the model batches).
+
+Then every served version's model is checked against the config, completed or given: each
+config tensor must exist in the model with the same datatype and a compatible shape, and
+every model input must be in the config. A disagreement stops start-up naming the model
+file, the tensor and both values.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from weir import datatypes
+from weir.config import BACKEND_ALIASES, Backend, ModelConfig, TensorSpec, VersionPolicy
+from weir.errors import ConfigError
+from weir.onnx_file import read_onnx_signature
+from weir.openvino_file import read_openvino_signature
+from weir.signature import ModelSignature, TensorSignature
+
+DEFAULT_MAX_BATCH_SIZE = 4
+# Each backend's model file in a version directory, unless default_model_filename says.
+DEFAULT_FILENAMES: dict[Backend, str] = {
+    Backend.PYTORCH: "model.pt",
+    Backend.ONNXRUNTIME: "model.onnx",
+    Backend.OPENVINO: "model.xml",
+    Backend.TENSORRT: "model.plan",
+    Backend.PYTHON: "model.py",
+}
+READERS: dict[Backend, Callable[[Path], ModelSignature]] = {
+    Backend.ONNXRUNTIME: read_onnx_signature,
+    Backend.OPENVINO: read_openvino_signature,
+}
+
+
+def model_path(config: ModelConfig, version_dir: Path) -> Path:
+    """The model file of ``config`` in one version directory."""
+    return version_dir / (config.default_model_filename or DEFAULT_FILENAMES[config.backend])
+
+
+def guess_backend(model_dir: Path, versions: list[int]) -> str | None:
+    """For a model with no config: the backend whose model file its newest version holds."""
+    for version in sorted(versions, reverse=True):
+        for backend, filename in DEFAULT_FILENAMES.items():
+            if backend in READERS and (model_dir / str(version) / filename).is_file():
+                return backend.value
+    return None
+
+
+def complete(
+    raw: dict[str, Any], model_dir: Path, versions: list[int], default_max_batch_size: int
+) -> dict[str, Any]:
+    """``raw`` (a parsed config) with what it lacks filled from the model, where it can be."""
+    backend = BACKEND_ALIASES.get(str(raw.get("backend") or raw.get("platform")))
+    reader = READERS.get(backend) if backend else None
+    if reader is None or backend is None or (raw.get("input") and raw.get("output")):
+        return raw
+    version = _latest_served(raw, versions)
+    if version is None:
+        return raw  # no version to read: the loader reports it
+    filename = str(raw.get("default_model_filename") or DEFAULT_FILENAMES[backend])
+    signature = reader(model_dir / str(version) / filename)
+    filled = dict(raw)
+    _complete_batching(filled, signature, default_max_batch_size)
+    batching = int(filled.get("max_batch_size") or 0) > 0
+    for field, tensors in (("input", signature.inputs), ("output", signature.outputs)):
+        if not raw.get(field):
+            filled[field] = [_spec(signature, t, batching) for t in tensors]
+    return filled
+
+
+def _latest_served(raw: dict[str, Any], versions: list[int]) -> int | None:
+    try:
+        policy = VersionPolicy.model_validate(raw.get("version_policy") or {})
+    except ValidationError:
+        policy = VersionPolicy()  # the loader reports the bad policy itself
+    served = policy.select(versions)
+    return served[-1] if served else None
+
+
+def _complete_batching(
+    raw: dict[str, Any], signature: ModelSignature, default_max_batch_size: int
+) -> None:
+    max_batch_size = int(raw.get("max_batch_size") or 0)
+    if not signature.supports_batching():
+        if max_batch_size:
+            raise ConfigError(
+                f"{signature.path}: max_batch_size is {max_batch_size} but the model cannot "
+                "batch (a batching model has a dynamic first dimension on every input and "
+                "output): set max_batch_size 0"
+            )
+        return
+    if not max_batch_size:
+        raw["max_batch_size"] = max_batch_size = default_max_batch_size
+    if max_batch_size > 1 and "dynamic_batching" not in raw and "sequence_batching" not in raw:
+        raw["dynamic_batching"] = {}
+
+
+def _spec(signature: ModelSignature, tensor: TensorSignature, batching: bool) -> dict[str, Any]:
+    config_type = datatypes.PROTOCOL_TO_CONFIG.get(tensor.datatype)
+    if config_type is None:
+        raise ConfigError(
+            f"{signature.path}: tensor {tensor.name!r} has type {tensor.datatype}, which "
+            "KServe has no datatype for"
+        )
+    if tensor.dims is None:
+        raise ConfigError(
+            f"{signature.path}: tensor {tensor.name!r} has no fixed rank in the model: "
+            "give its dims in the config"
+        )
+    dims = tensor.dims[1:] if batching else tensor.dims
+    return {"name": tensor.name, "data_type": config_type, "dims": list(dims)}
+
+
+def check_served(config: ModelConfig, source: Path, version_dirs: list[Path]) -> None:
+    """Each version's model file agrees with ``config``; ConfigError naming both values."""
+    reader = READERS.get(config.backend)
+    if reader is None:
+        return
+    for version_dir in version_dirs:
+        signature = reader(model_path(config, version_dir))
+        check_signature(config, source, signature)
+
+
+def check_signature(config: ModelConfig, source: Path, signature: ModelSignature) -> None:
+    where = f"{signature.path} (config {source.name if source.is_file() else 'filled in'})"
+    model_inputs = {t.name: t for t in signature.inputs}
+    model_outputs = {t.name: t for t in signature.outputs}
+    for spec in config.input:
+        _check_tensor(config, where, "input", spec, model_inputs)
+    for spec in config.output:
+        _check_tensor(config, where, "output", spec, model_outputs)
+    given = {spec.name for spec in config.input}
+    missing = [name for name in model_inputs if name not in given]
+    if missing:
+        raise ConfigError(
+            f"{where}: the model takes input {missing[0]!r}, which the config does not "
+            f"declare (config inputs: {', '.join(sorted(given))})"
+        )
+
+
+def _check_tensor(
+    config: ModelConfig,
+    where: str,
+    kind: str,
+    spec: TensorSpec,
+    model: dict[str, TensorSignature],
+) -> None:
+    tensor = model.get(spec.name)
+    if tensor is None:
+        raise ConfigError(
+            f"{where}: config {kind} {spec.name!r} is not in the model, whose {kind}s are "
+            f"{', '.join(model) or 'none'}"
+        )
+    if tensor.datatype != spec.datatype:
+        raise ConfigError(
+            f"{where}: {kind} {spec.name!r}: the config says "
+            f"{datatypes.PROTOCOL_TO_CONFIG[spec.datatype]}, the model has "
+            f"{datatypes.PROTOCOL_TO_CONFIG.get(tensor.datatype, tensor.datatype)}"
+        )
+    if tensor.dims is not None:
+        _check_dims(config, where, kind, spec, tensor.dims)
+
+
+def _check_dims(
+    config: ModelConfig, where: str, kind: str, spec: TensorSpec, dims: tuple[int, ...]
+) -> None:
+    expected = config.full_shape(spec)
+    problem = ""
+    if len(dims) != len(expected):
+        problem = f"rank {len(expected)} in the config, rank {len(dims)} in the model"
+    elif config.max_batch_size > 0 and dims[0] != -1:
+        problem = f"the model's first dimension is fixed at {dims[0]}, so it cannot batch"
+    elif any(_differ(kind, m, c) for m, c in zip(dims, expected, strict=True)):
+        problem = "the dimensions differ"
+    if problem:
+        raise ConfigError(
+            f"{where}: {kind} {spec.name!r}: {problem} (config shape {expected}, model shape "
+            f"{list(dims)}; -1 is a dynamic dimension, a batching model's first)"
+        )
+
+
+def _differ(kind: str, model_dim: int, config_dim: int) -> bool:
+    # A dynamic model dim takes any size. A dynamic config input over a fixed model dim
+    # would let requests through that the model rejects; a dynamic config output is looser.
+    if model_dim == -1:
+        return False
+    return model_dim != config_dim and not (kind == "output" and config_dim == -1)

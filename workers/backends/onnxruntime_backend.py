@@ -1,0 +1,199 @@
+"""ONNX Runtime backend: ``model.onnx`` (Triton's ``onnxruntime`` / ``onnxruntime_onnx``).
+
+One ``InferenceSession`` per model, shared by its instances: ``run`` is thread-safe, so the
+weights are in memory once. Inputs and outputs bind by name. Threads: the config parameter
+``intra_op_thread_count`` (Triton's name) when set, else the worker's threads divided among
+the model's instances, so its instances side by side never run more threads than the worker
+has; ``inter_op_thread_count`` (default 1) and ``execution_mode`` (0 sequential, 1
+parallel) as Triton reads them. The pool's threads do not spin between batches
+(``session.intra_op.allow_spinning`` 0, as ``OMP_WAIT_POLICY=PASSIVE`` does for torch: a
+spinning thread holds a core the gateway and Redis need); any ``session.*`` parameter is
+passed to ONNX Runtime as a session config entry and overrides that.
+
+``optimization.graph.level``: Triton's -1 basic, 1 extended, 2 none; unset, all.
+``enable_mem_arena`` / ``enable_mem_pattern``: 0 or 1. ``memory.enable_memory_arena_shrinkage``
+goes to each run's options. The execution providers come from :func:`providers`: on the CPU
+pool, ONNX Runtime's CPU provider, or OpenVINO's when ``cpu_execution_accelerator`` names
+``openvino`` and that provider is installed.
+
+BYTES tensors reach the model as strings (UTF-8) and come back as bytes. BF16 cannot cross
+ONNX Runtime's Python API as numpy and is refused at load.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from weir.autocomplete import model_path
+from weir.config import ModelConfig
+from weir.errors import ConfigError, InvalidInput
+from workers.backends.base import ModelBackend
+from workers.threads import ThreadShare, available_cores
+
+logger = logging.getLogger(__name__)
+
+GRAPH_LEVELS = {
+    -1: ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+    1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+    2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+}
+CPU_ACCELERATORS = {"openvino": "OpenVINOExecutionProvider"}
+SPINNING = "session.intra_op.allow_spinning"
+SHRINKAGE = "memory.enable_memory_arena_shrinkage"
+
+
+class OnnxRuntimeBackend(ModelBackend):
+    """An ONNX model in one session, shared by the model's instances."""
+
+    shareable = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        share: ThreadShare | None = None,
+        instances: int = 1,
+    ) -> None:
+        self.config = config
+        self.share = share or ThreadShare()
+        self.share.know(available_cores())
+        self.path = model_path(config, version_dir)
+        options = session_options(config, max(self.share.total // max(instances, 1), 1))
+        try:
+            self.session = ort.InferenceSession(
+                str(self.path), options, providers=providers(config)
+            )
+        except Exception as exc:  # ORT raises its own types (InvalidProtobuf, Fail...)
+            raise ConfigError(f"{self.path}: ONNX Runtime cannot load the model: {exc}") from None
+        self.run_options = run_options(config)
+        self.output_names = [spec.name for spec in config.output]
+        self.feeders = _feeders(config, self.path, self.session)
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        feed = {name: self.feeders[name](array) for name, array in inputs.items()}
+        with self.share.computing():  # counted, so torch models beside it take fewer threads
+            results = self.session.run(self.output_names, feed, self.run_options)
+        return {
+            name: _from_runtime(value)
+            for name, value in zip(self.output_names, results, strict=True)
+        }
+
+
+def session_options(config: ModelConfig, default_threads: int) -> ort.SessionOptions:
+    """The session's options from the config's parameters and ``optimization``."""
+    params = config.parameters
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = _int(config, "intra_op_thread_count", 0) or default_threads
+    options.inter_op_num_threads = _int(config, "inter_op_thread_count", 0) or 1
+    if _int(config, "execution_mode", 0) == 1:
+        options.execution_mode = ort.ExecutionMode.ORT_PARALLEL
+    level = (
+        config.optimization.graph.level if config.optimization and config.optimization.graph else 0
+    )
+    options.graph_optimization_level = GRAPH_LEVELS.get(
+        level, ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+    )
+    if "enable_mem_arena" in params:
+        options.enable_cpu_mem_arena = _int(config, "enable_mem_arena", 1) == 1
+    if "enable_mem_pattern" in params:
+        options.enable_mem_pattern = _int(config, "enable_mem_pattern", 1) == 1
+    options.add_session_config_entry(SPINNING, "0")
+    for key, value in params.items():
+        if key.startswith("session."):
+            options.add_session_config_entry(key, value)
+    options.log_severity_level = 3  # errors only: ORT's warnings go to stderr, not our log
+    return options
+
+
+def run_options(config: ModelConfig) -> ort.RunOptions | None:
+    value = config.parameters.get(SHRINKAGE)
+    if not value:
+        return None
+    options = ort.RunOptions()
+    options.add_run_config_entry(SHRINKAGE, value)
+    return options
+
+
+def providers(config: ModelConfig) -> list[str]:
+    """The execution providers of a CPU instance, the config's accelerators first."""
+    chosen: list[str] = []
+    accelerators = config.optimization.execution_accelerators if config.optimization else None
+    available = ort.get_available_providers()
+    for accelerator in accelerators.cpu_execution_accelerator if accelerators else ():
+        provider = CPU_ACCELERATORS.get(accelerator.name)
+        if provider is None or provider not in available:
+            raise ConfigError(
+                f"model {config.name}: cpu_execution_accelerator {accelerator.name!r} is not "
+                f"available in this ONNX Runtime (providers: {', '.join(available)})"
+            )
+        chosen.append(provider)
+    if accelerators and accelerators.gpu_execution_accelerator:
+        logger.info("model %s: gpu_execution_accelerator applies on the GPU pool", config.name)
+    return [*chosen, "CPUExecutionProvider"]
+
+
+def _int(config: ModelConfig, key: str, default: int) -> int:
+    raw = config.parameters.get(key)
+    if raw is None or raw == "":
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise ConfigError(
+            f"model {config.name}: parameter {key} must be a whole number, got {raw!r}"
+        ) from None
+
+
+def _feeders(
+    config: ModelConfig, path: Path, session: ort.InferenceSession
+) -> dict[str, Callable[[np.ndarray], Any]]:
+    """Per config input, what turns the batch array into what the session takes."""
+    session_inputs = {arg.name: arg for arg in session.get_inputs()}
+    session_outputs = {arg.name for arg in session.get_outputs()}
+    for spec in config.output:
+        if spec.name not in session_outputs:
+            raise ConfigError(f"{path}: the session has no output {spec.name!r}")
+    feeders: dict[str, Callable[[np.ndarray], Any]] = {}
+    for spec in (*config.input, *config.output):
+        if spec.datatype == "BF16":
+            raise ConfigError(
+                f"{path}: tensor {spec.name!r} is BF16, which ONNX Runtime's Python API "
+                "cannot exchange as numpy"
+            )
+    for spec in config.input:
+        if spec.name not in session_inputs:
+            raise ConfigError(f"{path}: the session has no input {spec.name!r}")
+        feeders[spec.name] = _to_strings if spec.datatype == "BYTES" else _as_is
+    return feeders
+
+
+def _as_is(array: np.ndarray) -> np.ndarray:
+    return array
+
+
+def _to_strings(array: np.ndarray) -> np.ndarray:
+    """BYTES elements as the ``str`` ONNX Runtime's string tensors hold."""
+    try:
+        decoded = [e.decode() if isinstance(e, bytes) else str(e) for e in array.reshape(-1)]
+    except UnicodeDecodeError as exc:
+        raise InvalidInput(
+            f"a BYTES element is not UTF-8, as a string tensor needs: {exc}"
+        ) from None
+    out = np.empty(len(decoded), dtype=object)
+    out[:] = decoded
+    return out.reshape(array.shape)
+
+
+def _from_runtime(value: Any) -> np.ndarray:
+    array = np.asarray(value)
+    if array.dtype.kind in "OU":  # string outputs: Triton's BYTES are bytes
+        encoded = np.empty(array.size, dtype=object)
+        encoded[:] = [e.encode() if isinstance(e, str) else e for e in array.reshape(-1)]
+        return encoded.reshape(array.shape)
+    return array

@@ -1,0 +1,141 @@
+"""OpenVINO backend: IR models (``model.xml`` + ``model.bin``, Triton's ``openvino``), on CPU.
+
+The model is read and compiled once per model, for the ``CPU`` device, and shared by its
+instances; each batch takes an infer request of its own from a free list (one per batch
+computing at once), so the instances run side by side on the compiled model's streams.
+Defaults: ``PERFORMANCE_HINT`` THROUGHPUT with ``NUM_STREAMS`` = the model's instances and
+``INFERENCE_NUM_THREADS`` = the worker's threads, so the streams split the worker's cores
+between them. Any config parameter that names a writable property of OpenVINO's CPU plugin
+(``NUM_STREAMS``, ``INFERENCE_NUM_THREADS``, ``PERFORMANCE_HINT``,
+``INFERENCE_PRECISION_HINT`` = ``bf16`` on a Xeon that has it, ``ENABLE_CPU_PINNING``...)
+is passed to it as given, as Triton's OpenVINO backend passes them.
+
+Batching: a config with ``max_batch_size`` > 0 over an IR whose first dimensions are fixed
+reshapes the model's inputs to a dynamic first dimension (OpenVINO's dynamic shapes), as
+Triton does unless ``SKIP_OV_DYNAMIC_BATCHSIZE`` is ``YES``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import openvino as ov
+
+from weir.autocomplete import model_path
+from weir.config import ModelConfig
+from weir.errors import ConfigError
+from workers.backends.base import ModelBackend
+from workers.threads import ThreadShare, available_cores
+
+logger = logging.getLogger(__name__)
+
+DEVICE = "CPU"
+SKIP_DYNAMIC_BATCH = "SKIP_OV_DYNAMIC_BATCHSIZE"
+
+
+class OpenVinoBackend(ModelBackend):
+    """An IR compiled once for the CPU, shared by the model's instances."""
+
+    shareable = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        share: ThreadShare | None = None,
+        instances: int = 1,
+    ) -> None:
+        self.config = config
+        self.share = share or ThreadShare()
+        self.share.know(available_cores())
+        self.path = model_path(config, version_dir)
+        core = ov.Core()
+        try:
+            model = core.read_model(str(self.path))
+            _dynamic_batch(config, model)
+            properties = compile_properties(core, config, self.share.total, instances)
+            self.compiled = core.compile_model(model, DEVICE, properties)
+        except ConfigError:
+            raise
+        except Exception as exc:  # OpenVINO raises RuntimeError with its own message
+            raise ConfigError(f"{self.path}: OpenVINO cannot load the model: {exc}") from None
+        self.outputs = _output_ports(config, self.path, self.compiled)
+        _check_inputs(config, self.path, self.compiled)
+        self.requests: queue.SimpleQueue[ov.InferRequest] = queue.SimpleQueue()
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        try:
+            request = self.requests.get_nowait()
+        except queue.Empty:
+            request = self.compiled.create_infer_request()
+        try:
+            with self.share.computing():  # counted, so torch models beside it take fewer
+                results = request.infer(inputs, share_outputs=False)
+            return {name: np.asarray(results[port]) for name, port in self.outputs.items()}
+        finally:
+            self.requests.put(request)
+
+
+def compile_properties(
+    core: ov.Core, config: ModelConfig, threads: int, instances: int
+) -> dict[str, Any]:
+    """What the CPU plugin compiles with: Weir's defaults, then the config's parameters."""
+    properties: dict[str, Any] = {
+        "PERFORMANCE_HINT": "THROUGHPUT",
+        "NUM_STREAMS": str(max(instances, 1)),
+        "INFERENCE_NUM_THREADS": str(max(threads, 1)),
+    }
+    supported = core.get_property(DEVICE, "SUPPORTED_PROPERTIES")
+    for key, value in config.parameters.items():
+        if supported.get(key) == "RW":
+            properties[key] = value
+        elif key != SKIP_DYNAMIC_BATCH and key.isupper():
+            logger.warning(
+                "model %s: parameter %s is not a property of OpenVINO's CPU plugin; ignored",
+                config.name,
+                key,
+            )
+    return properties
+
+
+def _dynamic_batch(config: ModelConfig, model: ov.Model) -> None:
+    if config.max_batch_size <= 0 or config.parameters.get(SKIP_DYNAMIC_BATCH) == "YES":
+        return
+    shapes: dict[Any, ov.PartialShape] = {}
+    for port in model.inputs:
+        shape = port.get_partial_shape()
+        if shape.rank.is_dynamic or shape.rank.get_length() == 0 or shape[0].is_dynamic:
+            continue
+        dims = [ov.Dimension(-1), *(shape[i] for i in range(1, shape.rank.get_length()))]
+        shapes[port] = ov.PartialShape(dims)
+    if shapes:
+        model.reshape(shapes)
+
+
+def _output_ports(config: ModelConfig, path: Path, compiled: ov.CompiledModel) -> dict[str, Any]:
+    """Each config output's port of the compiled model, by tensor name."""
+    ports: dict[str, Any] = {}
+    for port in compiled.outputs:
+        for name in port.get_names():
+            ports.setdefault(name, port)
+    missing = [spec.name for spec in config.output if spec.name not in ports]
+    if missing:
+        raise ConfigError(
+            f"{path}: the compiled model has no output {missing[0]!r} "
+            f"(outputs: {', '.join(sorted(ports))})"
+        )
+    return {spec.name: ports[spec.name] for spec in config.output}
+
+
+def _check_inputs(config: ModelConfig, path: Path, compiled: ov.CompiledModel) -> None:
+    names = {name for port in compiled.inputs for name in port.get_names()}
+    for spec in config.input:
+        if spec.name not in names:
+            raise ConfigError(
+                f"{path}: the compiled model has no input {spec.name!r} "
+                f"(inputs: {', '.join(sorted(names))})"
+            )
