@@ -6,7 +6,14 @@ Writes ``<repository>/<name>/1/model.pt`` (TorchScript) for every model in :data
 whose file is missing, or for all of them with ``--force``. The ``config.yaml`` files of
 ``examples/models`` are committed; one is written here only when missing from the target
 repository, so a complete repository can be built anywhere (tests use a temporary one).
-Import :func:`build_repository` and :func:`reference_module` from tests.
+
+:data:`EXPORTS` are the same seeded models in other formats, for the other backends:
+``model.onnx`` exported by ``torch.onnx.export`` (with a dynamic batch dimension) and
+OpenVINO IR (``model.xml`` + ``model.bin``) converted from that ONNX file by
+``openvino.convert_model``, FP32 weights kept. Both run offline. Their configs are Triton's
+``config.pbtxt`` files, committed under ``examples/models`` and copied where missing.
+Import :func:`build_repository`, :func:`reference_module`, :func:`export_onnx` and
+:func:`convert_openvino` from tests and the benchmark.
 """
 
 from __future__ import annotations
@@ -15,8 +22,11 @@ import argparse
 import importlib.util
 import itertools
 import os
+import shutil
+import tempfile
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -27,6 +37,7 @@ from torch import nn
 
 DEFAULT_REPOSITORY = Path(__file__).resolve().parent / "models"
 VERSION = "1"
+ONNX_OPSET = 17
 
 
 class MLP(nn.Module):
@@ -124,6 +135,22 @@ MODELS: dict[str, ModelSpec] = {
 }
 
 
+class ExportSpec(NamedTuple):
+    """One model of :data:`MODELS` in another format: ``onnx`` or ``openvino``."""
+
+    source: str
+    format: str
+
+
+# The other formats: name -> (the MODELS entry it is exported from, the format).
+EXPORTS: dict[str, ExportSpec] = {
+    "tiny_mlp_onnx": ExportSpec("tiny_mlp", "onnx"),
+    "bert_mini_onnx": ExportSpec("bert_mini", "onnx"),
+    "bert_mini_openvino": ExportSpec("bert_mini", "openvino"),
+}
+MODEL_FILES = {"onnx": "model.onnx", "openvino": "model.xml"}
+
+
 def reference_module(name: str) -> nn.Module:
     """The eager module behind ``name``, seeded exactly as the built model.pt, in eval mode."""
     spec = MODELS[name]
@@ -177,9 +204,93 @@ def build_model(root: Path, name: str, force: bool = False) -> bool:
     return True
 
 
+def example_input(name: str, rows: int = 2) -> torch.Tensor:
+    """A seeded input batch for the :data:`MODELS` entry ``name`` (its one input)."""
+    (spec,) = MODELS[name].config["input"]
+    generator = torch.Generator().manual_seed(0)
+    if spec["data_type"] == "TYPE_INT64":
+        return torch.randint(0, 1000, (rows, *spec["dims"]), generator=generator)
+    return torch.randn((rows, *spec["dims"]), generator=generator)
+
+
+def export_onnx(name: str, path: Path) -> None:
+    """Export the :data:`MODELS` entry ``name`` to ONNX at ``path``, batch dimension dynamic.
+
+    The input and output names are the config's, so the model fits its torch config.
+    """
+    config = MODELS[name].config
+    inputs = [spec["name"] for spec in config["input"]]
+    outputs = [spec["name"] for spec in config["output"]]
+    dynamic = {tensor: {0: "batch"} for tensor in inputs + outputs}
+    module = reference_module(name)
+
+    def write(tmp: Path) -> None:
+        with warnings.catch_warnings():
+            # The TorchScript-based exporter is deprecated but needs no onnxscript, and its
+            # tracer warns about Python booleans in nn.TransformerEncoderLayer's fast path.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module,
+                (example_input(name),),
+                str(tmp),
+                input_names=inputs,
+                output_names=outputs,
+                dynamic_axes=dynamic,
+                opset_version=ONNX_OPSET,
+                dynamo=False,
+            )
+
+    _write_atomically(path, write)
+
+
+def convert_openvino(onnx_path: Path, xml_path: Path) -> None:
+    """Convert an ONNX model to OpenVINO IR (``xml_path`` and its ``.bin``), FP32 weights."""
+    import openvino as ov
+
+    model = ov.convert_model(str(onnx_path))
+    xml_path.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=xml_path.parent, prefix=".ov-") as tmp:
+        staged = Path(tmp) / xml_path.name
+        ov.save_model(model, str(staged), compress_to_fp16=False)
+        # The weights first: a reader that sees the new model.xml finds its model.bin.
+        os.replace(staged.with_suffix(".bin"), xml_path.with_suffix(".bin"))
+        os.replace(staged, xml_path)
+
+
+def build_export(root: Path, name: str, force: bool = False) -> bool:
+    """Build one of :data:`EXPORTS` (and copy its committed config if missing)."""
+    spec = EXPORTS[name]
+    model_dir = root / name
+    _copy_committed_config(model_dir, name)
+    target = model_dir / VERSION / MODEL_FILES[spec.format]
+    if target.exists() and not force:
+        print(f"skipped {name}: {target} exists (use --force to rebuild)")
+        return False
+    start = time.perf_counter()
+    if spec.format == "onnx":
+        export_onnx(spec.source, target)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:
+            onnx_path = Path(tmp) / "model.onnx"
+            export_onnx(spec.source, onnx_path)
+            convert_openvino(onnx_path, target)
+    print(f"built   {name}: {target} ({time.perf_counter() - start:.1f}s)")
+    return True
+
+
+def _copy_committed_config(model_dir: Path, name: str) -> None:
+    for filename in ("config.pbtxt", "config.yaml"):
+        source = DEFAULT_REPOSITORY / name / filename
+        target = model_dir / filename
+        if source.is_file() and not target.exists():
+            _write_atomically(target, lambda tmp, s=source: shutil.copyfile(s, tmp))
+            print(f"wrote   {target}")
+
+
 def build_repository(root: Path, force: bool = False) -> list[str]:
     """Build every known model under ``root``; returns the names built."""
     built = [name for name in MODELS if build_model(Path(root), name, force)]
+    built += [name for name in EXPORTS if build_export(Path(root), name, force)]
     return built + _sibling("minilm").build(Path(root), force)
 
 
