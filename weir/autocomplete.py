@@ -34,6 +34,7 @@ from weir.openvino_file import read_openvino_signature
 from weir.signature import ModelSignature, TensorSignature
 
 DEFAULT_MAX_BATCH_SIZE = 4
+SKIP_OV_DYNAMIC_BATCH = "SKIP_OV_DYNAMIC_BATCHSIZE"
 # Each backend's model file in a version directory, unless default_model_filename says.
 DEFAULT_FILENAMES: dict[Backend, str] = {
     Backend.PYTORCH: "model.pt",
@@ -74,7 +75,7 @@ def complete(
     if version is None:
         return raw  # no version to read: the loader reports it
     filename = str(raw.get("default_model_filename") or DEFAULT_FILENAMES[backend])
-    signature = reader(model_dir / str(version) / filename)
+    signature = _as_served(backend, raw, reader(model_dir / str(version) / filename))
     filled = dict(raw)
     _complete_batching(filled, signature, default_max_batch_size)
     batching = int(filled.get("max_batch_size") or 0) > 0
@@ -82,6 +83,22 @@ def complete(
         if not raw.get(field):
             filled[field] = [_spec(signature, t, batching) for t in tensors]
     return filled
+
+
+def _as_served(backend: Backend, raw: dict[str, Any], signature: ModelSignature) -> ModelSignature:
+    """The signature the backend serves.
+
+    OpenVINO reshapes a fixed batch dimension to a dynamic one when the config batches, as
+    Triton's OpenVINO backend does.
+    """
+    parameters = raw.get("parameters") or {}
+    skip = parameters.get(SKIP_OV_DYNAMIC_BATCH)
+    if isinstance(skip, dict):
+        skip = skip.get("string_value")
+    batching = int(raw.get("max_batch_size") or 0) > 0
+    if backend is Backend.OPENVINO and batching and skip != "YES":
+        return signature.with_dynamic_batch()
+    return signature
 
 
 def _latest_served(raw: dict[str, Any], versions: list[int]) -> int | None:
@@ -132,8 +149,9 @@ def check_served(config: ModelConfig, source: Path, version_dirs: list[Path]) ->
     reader = READERS.get(config.backend)
     if reader is None:
         return
+    raw = {"max_batch_size": config.max_batch_size, "parameters": config.parameters}
     for version_dir in version_dirs:
-        signature = reader(model_path(config, version_dir))
+        signature = _as_served(config.backend, raw, reader(model_path(config, version_dir)))
         check_signature(config, source, signature)
 
 

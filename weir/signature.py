@@ -39,6 +39,18 @@ class ModelSignature:
     inputs: tuple[TensorSignature, ...]
     outputs: tuple[TensorSignature, ...]
 
+    def with_dynamic_batch(self) -> ModelSignature:
+        """This signature with every tensor's first dimension dynamic (a reshape does it)."""
+
+        def dynamic(t: TensorSignature) -> TensorSignature:
+            if not t.dims:
+                return t
+            return TensorSignature(t.name, t.datatype, (-1, *t.dims[1:]))
+
+        return ModelSignature(
+            self.path, tuple(map(dynamic, self.inputs)), tuple(map(dynamic, self.outputs))
+        )
+
     def supports_batching(self) -> bool:
         """Triton's rule: every input and output has a dynamic first dimension."""
         return all(t.dims is not None and t.dims[:1] == (-1,) for t in self.inputs + self.outputs)

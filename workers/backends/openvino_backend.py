@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 import openvino as ov
 
+from weir.autocomplete import SKIP_OV_DYNAMIC_BATCH as SKIP_DYNAMIC_BATCH
 from weir.autocomplete import model_path
 from weir.config import ModelConfig
 from weir.errors import ConfigError
@@ -34,7 +35,6 @@ from workers.threads import ThreadShare, available_cores
 logger = logging.getLogger(__name__)
 
 DEVICE = "CPU"
-SKIP_DYNAMIC_BATCH = "SKIP_OV_DYNAMIC_BATCHSIZE"
 
 
 class OpenVinoBackend(ModelBackend):
