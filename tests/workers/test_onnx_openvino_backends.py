@@ -25,8 +25,8 @@ from workers.threads import ThreadShare
 # ONNX Runtime runs the same FP32 arithmetic as torch, up to operation order: measured up to
 # 3e-7 here. OpenVINO's CPU plugin fuses and reorders more, and FP32 is its precision only
 # where INFERENCE_PRECISION_HINT says f32 (the example config does; on a CPU with BF16 its
-# default is bf16, faster and less precise): measured up to 4e-7 on bert_mini's logits. Both asserted at
-# 1e-5 absolute, the bound for ONNX Runtime.
+# default is bf16, faster and less precise): measured up to 4e-7 on bert_mini's logits.
+# Both are asserted at 1e-5 absolute.
 ORT_TOLERANCE = 1e-5
 OPENVINO_TOLERANCE = 1e-5
 
