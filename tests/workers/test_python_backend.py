@@ -327,3 +327,12 @@ def test_each_instance_gets_its_own_module_and_handler(tmp_path: Path) -> None:
 
     assert first.handler.loads == second.handler.loads == 1
     assert first.handler is not second.handler
+
+
+def test_default_model_filename_names_the_handler_file(tmp_path: Path) -> None:
+    version_dir = write_model(tmp_path, SHOUTER)
+    (version_dir / "model.py").rename(version_dir / "shouter_handler.py")
+    named = config(default_model_filename="shouter_handler.py")
+    backend = load_backend(named, version_dir)
+    replies, _ = BatchRunner(named, backend).run([request([b"hey"])])
+    assert decoded(replies[0].outputs["SHOUTED"]) == [b"HEY!"]

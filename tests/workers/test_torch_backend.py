@@ -151,3 +151,23 @@ def test_instances_can_share_one_module_across_threads(tmp_path: Path) -> None:
             outs = list(pool.map(lambda b: backend.infer({"INPUT0": b})["OUTPUT0"], batches))
             for out, want in zip(outs, expected, strict=True):
                 np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("filename", ["doubler.pt", "doubler.pt2"])
+def test_default_model_filename_names_the_model_file(tmp_path: Path, filename: str) -> None:
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    if filename.endswith(".pt2"):
+        program = torch.export.export(Double(), (torch.from_numpy(x),))
+        torch.export.save(program, str(tmp_path / filename))
+    else:
+        torch.jit.script(Double()).save(str(tmp_path / filename))
+    named = config(["INPUT0"], ["OUTPUT0"]).model_copy(update={"default_model_filename": filename})
+    backend = load_backend(named, tmp_path)
+    np.testing.assert_array_equal(backend.infer({"INPUT0": x})["OUTPUT0"], x * 2)
+
+
+def test_a_missing_default_model_filename_is_named(tmp_path: Path) -> None:
+    torch.jit.script(Double()).save(str(tmp_path / "model.pt"))
+    named = config(["INPUT0"], ["OUTPUT0"]).model_copy(update={"default_model_filename": "x.pt"})
+    with pytest.raises(ConfigError, match=r"no x\.pt \(default_model_filename\)"):
+        load_backend(named, tmp_path)

@@ -46,13 +46,14 @@ from typing import Any
 import numpy as np
 
 from weir import datatypes
+from weir.autocomplete import model_path
 from weir.config import ModelConfig
 from weir.errors import ConfigError, ServerError, WeirError
 from workers.backends.base import ModelBackend
 
 logger = logging.getLogger(__name__)
 
-MODEL_FILE = "model.py"
+
 REQUIRED_METHODS = ("initialize", "inference")
 # Every load of a model.py gets a module name of its own: instances share no module state.
 _LOADS = itertools.count()
@@ -79,8 +80,9 @@ class PythonBackend(ModelBackend):
 
     def __init__(self, config: ModelConfig, version_dir: Path) -> None:
         self.config = config
-        module = _load_module(config.name, version_dir)
-        handler_class = find_handler_class(module, version_dir / MODEL_FILE)
+        self.path = model_path(config, version_dir)
+        module = _load_module(config.name, version_dir, self.path)
+        handler_class = find_handler_class(module, self.path)
         context = HandlerContext(
             config.name, version_dir.name, version_dir, config, dict(config.parameters)
         )
@@ -89,7 +91,7 @@ class PythonBackend(ModelBackend):
             self.handler.initialize(context)
         except Exception as exc:
             raise ConfigError(
-                f"{version_dir / MODEL_FILE}: {handler_class.__name__}.initialize failed: "
+                f"{self.path}: {handler_class.__name__}.initialize failed: "
                 f"{type(exc).__name__}: {exc}"
             ) from exc
 
@@ -142,11 +144,10 @@ class PythonBackend(ModelBackend):
         return array.astype(dtype)
 
 
-def _load_module(model_name: str, version_dir: Path) -> ModuleType:
+def _load_module(model_name: str, version_dir: Path, path: Path) -> ModuleType:
     """Import ``model.py`` by path, under a module name of its own for every load."""
-    path = version_dir / MODEL_FILE
     if not path.is_file():
-        raise ConfigError(f"{version_dir}: no {MODEL_FILE}")
+        raise ConfigError(f"{version_dir}: no {path.name}")
     safe_name = re.sub(r"\W", "_", model_name)
     module_name = f"weir_python_model_{safe_name}_v{version_dir.name}_{next(_LOADS)}"
     spec = importlib.util.spec_from_file_location(module_name, path)

@@ -48,7 +48,7 @@ class TorchBackend(ModelBackend):
         self.share = share or ThreadShare()
         # On the loading thread: torch's default, or the worker's WEIR_WORKER_TORCH_THREADS.
         self.share.know(torch.get_num_threads())
-        self.module, arg_names = _load(version_dir)
+        self.module, arg_names = _load(version_dir, config.default_model_filename)
         self.input_order = _bind_inputs(config, arg_names)
         self.output_names = [spec.name for spec in config.output]
 
@@ -98,18 +98,30 @@ def _to_numpy(value: Any) -> np.ndarray:
     return value.detach().cpu().contiguous().numpy()
 
 
-def _load(version_dir: Path) -> tuple[Callable[..., Any], list[str]]:
+def _load(version_dir: Path, filename: str = "") -> tuple[Callable[..., Any], list[str]]:
+    if filename:  # default_model_filename: a .pt2 file is a torch.export program
+        path = version_dir / filename
+        if not path.is_file():
+            raise ConfigError(f"{version_dir}: no {filename} (default_model_filename)")
+        return _load_export(path) if path.suffix == ".pt2" else _load_script(path)
     scripted = version_dir / TORCHSCRIPT_FILE
     exported = version_dir / EXPORT_FILE
     if scripted.is_file():
-        module = torch.jit.load(str(scripted), map_location="cpu")  # type: ignore[no-untyped-call]
-        module.eval()
-        args = [arg.name for arg in module.forward.schema.arguments[1:]]
-        return module, args
+        return _load_script(scripted)
     if exported.is_file():
-        module = torch.export.load(str(exported)).module()
-        return module, _arg_names(module)
+        return _load_export(exported)
     raise ConfigError(f"{version_dir}: no {TORCHSCRIPT_FILE} or {EXPORT_FILE}")
+
+
+def _load_script(path: Path) -> tuple[Callable[..., Any], list[str]]:
+    module = torch.jit.load(str(path), map_location="cpu")  # type: ignore[no-untyped-call]
+    module.eval()
+    return module, [arg.name for arg in module.forward.schema.arguments[1:]]
+
+
+def _load_export(path: Path) -> tuple[Callable[..., Any], list[str]]:
+    module = torch.export.load(str(path)).module()
+    return module, _arg_names(module)
 
 
 def _arg_names(module: Any) -> list[str]:
