@@ -35,6 +35,7 @@ from weir.signature import ModelSignature, TensorSignature
 
 DEFAULT_MAX_BATCH_SIZE = 4
 SKIP_OV_DYNAMIC_BATCH = "SKIP_OV_DYNAMIC_BATCHSIZE"
+SKIP_DYNAMIC_BATCH = "SKIP_DYNAMIC_BATCHSIZE"  # the name in Triton's first OpenVINO backend
 # Each backend's model file in a version directory, unless default_model_filename says.
 DEFAULT_FILENAMES: dict[Backend, str] = {
     Backend.PYTORCH: "model.pt",
@@ -92,13 +93,16 @@ def _as_served(backend: Backend, raw: dict[str, Any], signature: ModelSignature)
     Triton's OpenVINO backend does.
     """
     parameters = raw.get("parameters") or {}
-    skip = parameters.get(SKIP_OV_DYNAMIC_BATCH)
-    if isinstance(skip, dict):
-        skip = skip.get("string_value")
+    flat = {k: v.get("string_value") if isinstance(v, dict) else v for k, v in parameters.items()}
     batching = int(raw.get("max_batch_size") or 0) > 0
-    if backend is Backend.OPENVINO and batching and skip != "YES":
+    if backend is Backend.OPENVINO and batching and not skips_dynamic_batch(flat):
         return signature.with_dynamic_batch()
     return signature
+
+
+def skips_dynamic_batch(parameters: dict[str, Any]) -> bool:
+    """OpenVINO's ``SKIP_OV_DYNAMIC_BATCHSIZE`` (or its older name) is ``YES``."""
+    return "YES" in (parameters.get(SKIP_OV_DYNAMIC_BATCH), parameters.get(SKIP_DYNAMIC_BATCH))
 
 
 def _latest_served(raw: dict[str, Any], versions: list[int]) -> int | None:

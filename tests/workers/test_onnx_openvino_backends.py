@@ -209,3 +209,18 @@ def test_openvino_makes_a_fixed_batch_dimension_dynamic_when_the_config_batches(
     backend = load_backend(config, xml.parent)
     x = np.ones((5, 4), np.float32)
     assert backend.infer({"INPUT0": x, "INPUT1": x})["OUTPUT1"].shape == (5, 4)
+
+
+def test_openvino_reads_the_older_backends_parameter_names(tmp_path: Path) -> None:
+    import openvino as ov
+
+    from workers.backends.openvino_backend import compile_properties
+
+    config = onnx_config(
+        backend="openvino",
+        parameters={"CPU_THREADS_NUM": "1", "CPU_THROUGHPUT_STREAMS": "auto", "ENFORCE_BF16": "NO"},
+    )
+    properties = compile_properties(ov.Core(), config, threads=2, instances=1)
+    assert properties["INFERENCE_NUM_THREADS"] == "1"
+    assert properties["PERFORMANCE_HINT"] == "THROUGHPUT"
+    assert properties["INFERENCE_PRECISION_HINT"] == "f32"

@@ -8,7 +8,9 @@ Defaults: ``PERFORMANCE_HINT`` THROUGHPUT with ``NUM_STREAMS`` = the model's ins
 between them. Any config parameter that names a writable property of OpenVINO's CPU plugin
 (``NUM_STREAMS``, ``INFERENCE_NUM_THREADS``, ``PERFORMANCE_HINT``,
 ``INFERENCE_PRECISION_HINT`` = ``bf16`` on a Xeon that has it, ``ENABLE_CPU_PINNING``...)
-is passed to it as given, as Triton's OpenVINO backend passes them.
+is passed to it as given, as Triton's OpenVINO backend passes them; the older backend's
+names (``CPU_THREADS_NUM``, ``CPU_THROUGHPUT_STREAMS``, ``ENFORCE_BF16``,
+``CPU_BIND_THREAD``) are read as their present ones.
 
 Batching: a config with ``max_batch_size`` > 0 over an IR whose first dimensions are fixed
 reshapes the model's inputs to a dynamic first dimension (OpenVINO's dynamic shapes), as
@@ -19,14 +21,19 @@ from __future__ import annotations
 
 import logging
 import queue
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import openvino as ov
 
-from weir.autocomplete import SKIP_OV_DYNAMIC_BATCH as SKIP_DYNAMIC_BATCH
-from weir.autocomplete import model_path
+from weir.autocomplete import (
+    SKIP_DYNAMIC_BATCH,
+    SKIP_OV_DYNAMIC_BATCH,
+    model_path,
+    skips_dynamic_batch,
+)
 from weir.config import ModelConfig
 from weir.errors import ConfigError
 from workers.backends.base import ModelBackend
@@ -35,6 +42,15 @@ from workers.threads import ThreadShare, available_cores
 logger = logging.getLogger(__name__)
 
 DEVICE = "CPU"
+# The parameter names of Triton's first OpenVINO backend, still in older repositories.
+LEGACY_PARAMETERS: dict[str, Callable[[str], tuple[str, str]]] = {
+    "CPU_THREADS_NUM": lambda v: ("INFERENCE_NUM_THREADS", v),
+    "CPU_THROUGHPUT_STREAMS": lambda v: (
+        ("PERFORMANCE_HINT", "THROUGHPUT") if v.lower() == "auto" else ("NUM_STREAMS", v)
+    ),
+    "ENFORCE_BF16": lambda v: ("INFERENCE_PRECISION_HINT", "bf16" if v == "YES" else "f32"),
+    "CPU_BIND_THREAD": lambda v: ("ENABLE_CPU_PINNING", "NO" if v == "NO" else "YES"),
+}
 
 
 class OpenVinoBackend(ModelBackend):
@@ -90,10 +106,12 @@ def compile_properties(
         "INFERENCE_NUM_THREADS": str(max(threads, 1)),
     }
     supported = core.get_property(DEVICE, "SUPPORTED_PROPERTIES")
-    for key, value in config.parameters.items():
+    for given, given_value in config.parameters.items():
+        legacy = LEGACY_PARAMETERS.get(given)
+        key, value = legacy(given_value) if legacy else (given, given_value)
         if supported.get(key) == "RW":
             properties[key] = value
-        elif key != SKIP_DYNAMIC_BATCH and key.isupper():
+        elif key not in (SKIP_OV_DYNAMIC_BATCH, SKIP_DYNAMIC_BATCH) and key.isupper():
             logger.warning(
                 "model %s: parameter %s is not a property of OpenVINO's CPU plugin; ignored",
                 config.name,
@@ -103,7 +121,7 @@ def compile_properties(
 
 
 def _dynamic_batch(config: ModelConfig, model: ov.Model) -> None:
-    if config.max_batch_size <= 0 or config.parameters.get(SKIP_DYNAMIC_BATCH) == "YES":
+    if config.max_batch_size <= 0 or skips_dynamic_batch(config.parameters):
         return
     shapes: dict[Any, ov.PartialShape] = {}
     for port in model.inputs:
