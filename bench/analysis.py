@@ -11,16 +11,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from bench.variants import Runtime, served_name
+
 WEIR = "weir"
 BASELINE = "baseline"
+TORCH = Runtime.TORCH.value
 
-# raw[model] is the list of {"batch_size", "batch_ms", "samples_per_s"} from bench.raw.
+# raw[name] is the list of {"batch_size", "batch_ms", "samples_per_s"} from bench.raw, by
+# the name served: "wide_mlp" (torch), "wide_mlp_onnx", "wide_mlp_openvino".
 Raw = dict[str, list[dict[str, float]]]
 
 
 @dataclass(frozen=True)
 class Point:
-    """One closed-loop run of one server, model and concurrency."""
+    """One closed-loop run of one server, model, runtime and concurrency."""
 
     server: str
     model: str
@@ -33,6 +37,12 @@ class Point:
     requests: int
     errors: int
     other_cpu: float = 0.0  # cores other programs used meanwhile (bench.cpu)
+    runtime: str = TORCH  # what computed the model (the baseline's is always torch)
+
+    @property
+    def served(self) -> str:
+        """The model's name on the server: its raw limit's key."""
+        return served_name(self.model, self.runtime)
 
 
 @dataclass(frozen=True)
@@ -69,16 +79,42 @@ def fastest(first: Raw, second: Raw) -> Raw:
     }
 
 
-def select(points: list[Point], server: str, model: str) -> list[Point]:
+def select(points: list[Point], server: str, model: str, runtime: str = TORCH) -> list[Point]:
     return sorted(
-        (p for p in points if p.server == server and p.model == model),
+        (p for p in points if (p.server, p.model, p.runtime) == (server, model, runtime)),
         key=lambda p: p.concurrency,
     )
 
 
-def peak(points: list[Point], server: str, model: str) -> float:
+def peak(points: list[Point], server: str, model: str, runtime: str = TORCH) -> float:
     """The highest req/s any concurrency reached; 0 when none was measured."""
-    return max((p.req_per_s for p in select(points, server, model)), default=0.0)
+    return max((p.req_per_s for p in select(points, server, model, runtime)), default=0.0)
+
+
+def peak_point(points: list[Point], server: str, model: str, runtime: str) -> Point | None:
+    """The point with the highest req/s; None when none was measured."""
+    return max(select(points, server, model, runtime), key=lambda p: p.req_per_s, default=None)
+
+
+def runtimes_served(points: list[Point]) -> list[tuple[str, str]]:
+    """(model, runtime) pairs Weir served, in the order measured."""
+    return list(dict.fromkeys((p.model, p.runtime) for p in points if p.server == WEIR))
+
+
+def runtime_summary(points: list[Point], raw: Raw, model: str, runtime: str) -> dict[str, Any]:
+    """One runtime's raw limit beside Weir's peak through it: the runtime table's row."""
+    batch, best = raw_best(raw, served_name(model, runtime))
+    top = peak_point(points, WEIR, model, runtime)
+    served = top.req_per_s if top else 0.0
+    return {
+        "model": model,
+        "runtime": runtime,
+        "raw_best": best,
+        "raw_best_batch": batch,
+        "weir_peak": served,
+        "weir_peak_concurrency": top.concurrency if top else None,
+        "weir_over_raw_best": served / best,
+    }
 
 
 def raw_best(raw: Raw, model: str) -> tuple[int, float]:
@@ -104,7 +140,7 @@ def model_ms(raw: Raw, model: str, batch: float) -> float:
 
 def p99_bound_ms(point: Point, raw: Raw) -> float:
     """The latency goal at a point: p99 <= 2 x p50 + the model's time at the batch served."""
-    return 2 * point.p50_ms + model_ms(raw, point.model, max(point.mean_batch, 1.0))
+    return 2 * point.p50_ms + model_ms(raw, point.served, max(point.mean_batch, 1.0))
 
 
 def ratios(points: list[Point], raw: Raw, model: str) -> dict[str, float]:
@@ -152,8 +188,8 @@ def _tail_targets(points: list[Point], raw: Raw, model: str) -> list[Target]:
 
 
 def targets(points: list[Point], raw: Raw, memory_mib: float | None) -> list[Target]:
-    """Every goal of the issue that this run measured."""
-    models = sorted({p.model for p in points}, key=list(raw).index)
+    """Every goal of the issue that this run measured (they are torch's)."""
+    models = sorted({p.model for p in points if p.runtime == TORCH}, key=list(raw).index)
     found = [
         t for m in models for t in (*_model_targets(points, raw, m), *_tail_targets(points, raw, m))
     ]

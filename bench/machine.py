@@ -30,6 +30,13 @@ def load_average() -> list[float]:
     return [round(x, 2) for x in os.getloadavg()]
 
 
+def _version(package: str) -> str | None:
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return None
+
+
 def machine_info() -> dict[str, Any]:
     """CPU, memory, versions, and the load average before the run starts."""
     cores = os.cpu_count() or 0
@@ -39,5 +46,7 @@ def machine_info() -> dict[str, Any]:
         "cores": cores,
         "python": platform.python_version(),
         "torch": metadata.version("torch"),
+        "onnxruntime": _version("onnxruntime"),
+        "openvino": _version("openvino"),
         "load_avg_start": load_average(),
     }

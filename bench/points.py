@@ -1,4 +1,4 @@
-"""The measured points: each model at each concurrency, against each server in turn."""
+"""The measured points: each model at each concurrency, against each server and runtime in turn."""
 
 from __future__ import annotations
 
@@ -7,9 +7,10 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.analysis import WEIR, Point
+from bench.analysis import TORCH, WEIR, Point
 from bench.cpu import CpuMark
 from bench.servers import ServerProcess, batch_counts, http_post
+from bench.variants import served_name
 from bench.wrk import WrkResult, run_wrk
 
 logger = logging.getLogger(__name__)
@@ -34,89 +35,124 @@ class Schedule:
     rounds: int = 2
 
 
+@dataclass(frozen=True)
+class Contender:
+    """One server serving a model through one runtime: what a point measures."""
+
+    server: ServerProcess
+    runtime: str = TORCH
+
+    def url(self, model: str) -> str:
+        return f"{self.server.url}/v2/models/{served_name(model, self.runtime)}/infer"
+
+    def label(self, model: str) -> str:
+        return f"{self.server.name} {served_name(model, self.runtime)}"
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One model, its request body, and who serves it."""
+
+    model: str
+    body: Path
+    contenders: list[Contender]
+
+
 class PointRunner:
-    """Runs every point against the servers, alternating them so noise hurts both alike."""
+    """Runs every point against the contenders, alternating them so noise hurts all alike."""
 
     def __init__(self, servers: list[ServerProcess], schedule: Schedule) -> None:
         self.servers = servers
         self.schedule = schedule
 
-    def run(self, bodies: dict[str, Path]) -> list[Point]:
+    def run(self, workloads: list[Workload]) -> list[Point]:
         points = []
-        for model, body in bodies.items():
-            for server in self.servers:
-                prime(server, model, body)
+        for work in workloads:
+            for contender in work.contenders:
+                prime(contender, work.model, work.body)
             for concurrency in self.schedule.concurrency:
-                points.extend(self._rounds(model, concurrency, body))
+                points.extend(self._rounds(work, concurrency))
         return points
 
-    def _rounds(self, model: str, concurrency: int, body: Path) -> list[Point]:
-        """Per server, the best of the schedule's rounds at one point (none if all failed)."""
-        best: dict[str, Point] = {}
+    def _rounds(self, work: Workload, concurrency: int) -> list[Point]:
+        """Per contender, the best of the schedule's rounds at one point (none if all failed)."""
+        best: dict[Contender, Point] = {}
         for round_ in range(max(self.schedule.rounds, 1)):
-            order = self.servers if round_ % 2 == 0 else self.servers[::-1]
-            for server in order:
+            order = work.contenders if round_ % 2 == 0 else work.contenders[::-1]
+            for contender in order:
                 try:
-                    point = self.measure(server, model, concurrency, body)
+                    point = self.measure(contender, work.model, concurrency, work.body)
                 except (subprocess.SubprocessError, ValueError, RuntimeError):
-                    label = f"{server.name} {model} c{concurrency}"
+                    label = f"{contender.label(work.model)} c{concurrency}"
                     logger.exception("%s failed; skipped", label)
                     continue
-                kept = best.get(server.name)
+                kept = best.get(contender)
                 if kept is None or point.req_per_s > kept.req_per_s:
-                    best[server.name] = point
-        return [best[s.name] for s in self.servers if s.name in best]
+                    best[contender] = point
+        return [best[c] for c in work.contenders if c in best]
 
-    def measure(self, server: ServerProcess, model: str, concurrency: int, body: Path) -> Point:
+    def measure(self, contender: Contender, model: str, concurrency: int, body: Path) -> Point:
         """Warm up, then one measured run, with Weir's batch counters and others' CPU."""
-        url = f"{server.url}/v2/models/{model}/infer"
+        url = contender.url(model)
         run_wrk(url, body, concurrency, self.schedule.warmup_s)
-        before = self._batch_counts(server, model)
+        before = self._batch_counts(contender, model)
         mark = self._cpu_mark()
         result = run_wrk(url, body, concurrency, self.schedule.duration_s)
         other_cpu = mark.others_cores(self._cpu_mark())
-        after = self._batch_counts(server, model)
+        after = self._batch_counts(contender, model)
         batches = after[1] - before[1]
         mean_batch = (after[0] - before[0]) / batches if batches else 1.0
-        point = to_point(server.name, model, concurrency, result, mean_batch, other_cpu)
+        measured = Measured(result, mean_batch, other_cpu)
+        point = to_point(contender, model, concurrency, measured)
         logger.info("%s", point)
         return point
 
-    def _batch_counts(self, server: ServerProcess, model: str) -> tuple[int, int]:
+    def _batch_counts(self, contender: Contender, model: str) -> tuple[int, int]:
         # The baseline runs every request alone: (0, 0) reads as a mean batch of 1.
-        return batch_counts(server, model) if server.name == WEIR else (0, 0)
+        if contender.server.name != WEIR:
+            return (0, 0)
+        return batch_counts(contender.server, served_name(model, contender.runtime))
 
     def _cpu_mark(self) -> CpuMark:
         return CpuMark.now([server.pid for server in self.servers])
 
 
-def to_point(
-    server: str, model: str, concurrency: int, result: WrkResult, batch: float, other_cpu: float
-) -> Point:
-    label = f"{server} {model} c{concurrency}"
+@dataclass(frozen=True)
+class Measured:
+    """What one measured run gave: wrk's result, Weir's mean batch, others' CPU in cores."""
+
+    result: WrkResult
+    mean_batch: float
+    other_cpu: float
+
+
+def to_point(contender: Contender, model: str, concurrency: int, measured: Measured) -> Point:
+    label = f"{contender.label(model)} c{concurrency}"
+    result = measured.result
     if result.requests <= result.errors:
         raise ValueError(f"{label}: no request was answered in {result.duration_s:.1f} s")
     if result.errors:
         logger.warning("%s: %d requests failed", label, result.errors)
     return Point(
-        server=server,
+        server=contender.server.name,
         model=model,
         concurrency=concurrency,
         req_per_s=result.ok_per_s,
         p50_ms=result.p50_us / 1e3,
         p90_ms=result.p90_us / 1e3,
         p99_ms=result.p99_us / 1e3,
-        mean_batch=batch,
+        mean_batch=measured.mean_batch,
         requests=result.requests,
         errors=result.errors,
-        other_cpu=other_cpu,
+        other_cpu=measured.other_cpu,
+        runtime=str(contender.runtime),  # a plain string in the record, not the enum
     )
 
 
-def prime(server: ServerProcess, model: str, body: Path, requests: int = PRIME_REQUESTS) -> None:
-    """Send requests one by one until TorchScript has settled on the model's first shape."""
-    url = f"{server.url}/v2/models/{model}/infer"
+def prime(contender: Contender, model: str, body: Path, requests: int = PRIME_REQUESTS) -> None:
+    """Send requests one by one until the runtime has settled on the model's first shape."""
     for _ in range(requests):
-        status, answer = http_post(url, body.read_bytes())
+        status, answer = http_post(contender.url(model), body.read_bytes())
         if status != 200:
-            raise RuntimeError(f"{server.name} answered {status} for {model}: {answer[:300]!r}")
+            label = contender.label(model)
+            raise RuntimeError(f"{label} answered {status}: {answer[:300]!r}")

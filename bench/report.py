@@ -6,7 +6,23 @@ import json
 from pathlib import Path
 from typing import Any
 
-from bench.analysis import BASELINE, WEIR, Point, Raw, Target, p99_bound_ms, ratios, select
+from bench.analysis import (
+    BASELINE,
+    TORCH,
+    WEIR,
+    Point,
+    Raw,
+    Target,
+    p99_bound_ms,
+    ratios,
+    runtime_summary,
+    runtimes_served,
+    select,
+)
+from bench.variants import served_name
+
+# (model, runtime) pairs, in the order the tables list them.
+Served = list[tuple[str, str]]
 
 
 def _ms(value: float) -> str:
@@ -25,6 +41,7 @@ def _point_row(p: Point, raw: Raw) -> list[Any]:
     return [
         p.model,
         p.server,
+        p.runtime,
         p.concurrency,
         f"{p.req_per_s:.0f}",
         f"{p.p50_ms:.2f}",
@@ -37,25 +54,64 @@ def _point_row(p: Point, raw: Raw) -> list[Any]:
     ]
 
 
-def points_table(points: list[Point], raw: Raw, models: list[str]) -> list[str]:
-    header = ["model", "server", "concurrency", "req/s", "p50 ms", "p90 ms", "p99 ms"]
-    header += ["p99 goal ms", "mean batch", "errors", "others' CPU"]
-    rows = [
-        _point_row(p, raw)
-        for m in models
-        for server in (BASELINE, WEIR)
-        for p in select(points, server, m)
-    ]
+def _models(served: Served) -> list[str]:
+    return list(dict.fromkeys(model for model, _ in served))
+
+
+def points_table(points: list[Point], raw: Raw, served: Served) -> list[str]:
+    """Every point: per model the baseline, then Weir through each runtime."""
+    header = ["model", "server", "runtime", "concurrency", "req/s", "p50 ms", "p90 ms"]
+    header += ["p99 ms", "p99 goal ms", "mean batch", "errors", "others' CPU"]
+    rows = []
+    for model in _models(served):
+        chosen = select(points, BASELINE, model)
+        chosen += [p for m, r in served if m == model for p in select(points, WEIR, model, r)]
+        rows += [_point_row(p, raw) for p in chosen]
     return _table(header, rows)
 
 
-def raw_table(raw: Raw, models: list[str]) -> list[str]:
-    sizes = [int(r["batch_size"]) for r in raw[models[0]]]
+def raw_table(raw: Raw, served: Served) -> list[str]:
+    if not served:
+        return []
+    names = [(m, r, served_name(m, r)) for m, r in served]
+    sizes = [int(r["batch_size"]) for r in raw[names[0][2]]]
     rows = [
-        [m, *(f"{r['samples_per_s']:.0f} ({_ms(r['batch_ms'])} ms)" for r in raw[m])]
-        for m in models
+        [m, r, *(f"{c['samples_per_s']:.0f} ({_ms(c['batch_ms'])} ms)" for c in raw[name])]
+        for m, r, name in names
     ]
-    return _table(["model", *(f"batch {b}" for b in sizes)], rows)
+    return _table(["model", "runtime", *(f"batch {b}" for b in sizes)], rows)
+
+
+def _bold_best(values: list[float], text: list[str]) -> list[str]:
+    """``text`` with the entry of the highest value in bold, when there are several."""
+    top = max(values, default=0.0)
+    if len(values) < 2 or top <= 0:
+        return text
+    return [f"**{t}**" if v == top else t for v, t in zip(values, text, strict=True)]
+
+
+def _runtime_rows(points: list[Point], raw: Raw, served: Served, model: str) -> list[list[Any]]:
+    found = [runtime_summary(points, raw, m, r) for m, r in served if m == model]
+    raws = _bold_best(
+        [f["raw_best"] for f in found],
+        [f"{f['raw_best']:.0f} ({f['raw_best_batch']})" for f in found],
+    )
+    peaks = _bold_best(
+        [f["weir_peak"] for f in found],
+        [f"{f['weir_peak']:.0f} ({f['weir_peak_concurrency'] or '-'})" for f in found],
+    )
+    return [
+        [model, f["runtime"], raw_cell, peak_cell, f"{f['weir_over_raw_best']:.0%}"]
+        for f, raw_cell, peak_cell in zip(found, raws, peaks, strict=True)
+    ]
+
+
+def runtime_table(points: list[Point], raw: Raw, served: Served) -> list[str]:
+    """Per model and runtime: the raw limit, Weir's peak through it, and their ratio."""
+    header = ["model", "runtime", "raw best samples/s (batch)", "Weir peak req/s (concurrency)"]
+    header.append("Weir / raw best")
+    rows = [row for model in _models(served) for row in _runtime_rows(points, raw, served, model)]
+    return _table(header, rows)
 
 
 def _ratio_row(points: list[Point], raw: Raw, model: str) -> list[Any]:
@@ -90,29 +146,48 @@ def target_table(found: list[Target]) -> list[str]:
 
 def memory_lines(memory: dict[str, Any]) -> list[str]:
     parts = ", ".join(f"{p['label']} {p['rss_mib']:.0f}" for p in memory["processes"])
+    runtimes = ", ".join(memory.get("runtimes", [TORCH]))
     return [
-        f"Weir's processes at their peak: {memory['peak_total_mib']:.0f} MiB resident in all "
-        f"({parts}); less {memory['weights_mib']:.0f} MiB of model files: "
+        f"Weir's processes at their peak, serving through {runtimes}: "
+        f"{memory['peak_total_mib']:.0f} MiB resident in all ({parts}); less "
+        f"{memory['weights_mib']:.0f} MiB of model files: "
         f"**{memory['peak_minus_weights_mib']:.0f} MiB**.",
     ]
 
 
-def markdown(record: dict[str, Any], points: list[Point], found: list[Target]) -> str:
-    raw: Raw = record["raw"]["models"]
-    models = [m for m in raw if any(p.model == m for p in points)]
-    s = record["settings"]
-    lines = [
+def _heading(record: dict[str, Any]) -> str:
+    s, raw = record["settings"], record["raw"]
+    threads = f"torch threads {raw['torch_threads']}"
+    if "threads" in raw:
+        threads += f", ONNX Runtime's and OpenVINO's {raw['threads']}"
+    return (
         f"Run {record['date']} on {record['machine']['summary']}; {s['duration_s']} s per point "
         f"after {s['warmup_s']} s of warm-up, the best of {s.get('rounds', 1)} rounds, "
-        f"torch threads {record['raw']['torch_threads']}.",
+        f"{threads}."
+    )
+
+
+def markdown(record: dict[str, Any], points: list[Point], found: list[Target]) -> str:
+    raw: Raw = record["raw"]["models"]
+    served = [pair for pair in runtimes_served(points) if served_name(*pair) in raw]
+    torch_models = [m for m, r in served if r == TORCH]
+    lines = [
+        _heading(record),
         "",
         "Raw limit, samples/s (ms per batch), the faster of the two runs (before, after):",
         "",
-        *raw_table(raw, models),
+        *raw_table(raw, served),
         "",
-        *ratio_table(points, raw, models),
+        "Each runtime's raw limit (its best batch size, one batch at a time) and Weir's peak "
+        "through it (at that concurrency); the fastest of each model in bold:",
         "",
-        *points_table(points, raw, models),
+        *runtime_table(points, raw, served),
+        "",
+    ]
+    if torch_models:
+        lines += [*ratio_table(points, raw, torch_models), ""]
+    lines += [
+        *points_table(points, raw, served),
         "",
         *memory_lines(record["memory"]),
         "",

@@ -1,10 +1,12 @@
 """``make bench``: the raw limit, a naive baseline and Weir, measured in one run.
 
-For each model: the raw limit (torch alone, in a subprocess) at batch sizes 1 to 64; then, at
-each concurrency, a closed-loop wrk run against the naive FastAPI baseline and against Weir
-(``weir up``), with the same body, each after a warm-up run. Weir's mean batch size per point
-comes from its statistics endpoint; its memory from the ``weir up`` process tree. Writes
-``<out>/<timestamp>.json``, ``<out>/latest.md`` and ``<out>/latest.png`` and prints the tables.
+For each model and runtime (torch, and ONNX Runtime and OpenVINO for the models that have
+them): the raw limit (the runtime alone, in a subprocess) at batch sizes 1 to 64; then, at
+each concurrency, a closed-loop wrk run against the naive FastAPI baseline (torch only) and
+against Weir (``weir up``) through each runtime, with the same body, each after a warm-up run.
+Weir's mean batch size per point comes from its statistics endpoint; its memory from the
+``weir up`` process tree. Writes ``<out>/<timestamp>.json``, ``<out>/latest.md`` and
+``<out>/latest.png`` and prints the tables.
 """
 
 from __future__ import annotations
@@ -24,9 +26,9 @@ from bench import report
 from bench.analysis import Point, fastest, targets
 from bench.machine import load_average, machine_info, timestamp
 from bench.memory import MIB, PeakRss
-from bench.plot import save_plot
-from bench.points import PointRunner, Schedule
-from bench.servers import ROOT, baseline_server, weir_server
+from bench.points import Contender, PointRunner, Schedule, Workload
+from bench.servers import ROOT, ServerProcess, baseline_server, weir_server
+from bench.variants import RUNTIMES, Runtime, Variant, parse_runtimes, plan
 from bench.workload import bench_repository, weights_bytes, write_body
 from bench.wrk import ensure_wrk
 from weir.redis_server import free_port
@@ -36,6 +38,7 @@ logger = logging.getLogger("bench")
 
 MODELS = "tiny_mlp,wide_mlp,bert_mini"
 CONCURRENCY = "1,8,32,64"
+RUNTIME_NAMES = ",".join(RUNTIMES)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -47,10 +50,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--rounds", type=int, default=2, help="runs per point and server; the best is kept"
     )
+    parser.add_argument(
+        "--runtimes",
+        type=_runtimes,
+        default=RUNTIME_NAMES,
+        help=f"comma-separated (default {RUNTIME_NAMES}); ONNX Runtime and OpenVINO serve "
+        "wide_mlp and bert_mini; the baseline runs with torch",
+    )
     parser.add_argument("--raw-s", type=float, default=1.0, help="timed seconds per batch size")
     parser.add_argument("--repository", type=Path, default=ROOT / "examples" / "models")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
     return parser.parse_args(argv)
+
+
+def _runtimes(text: str) -> list[Runtime]:
+    try:
+        return parse_runtimes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def worker_threads() -> int:
@@ -79,30 +96,68 @@ def schedule(args: argparse.Namespace) -> Schedule:
     return Schedule(concurrency, args.warmup_s, args.duration_s, args.rounds)
 
 
+class Servers:
+    """The servers of one run: Weir always, the naive baseline when torch is measured."""
+
+    def __init__(self, weir: ServerProcess, baseline: ServerProcess | None) -> None:
+        self.weir = weir
+        self.baseline = baseline
+
+    @property
+    def all(self) -> list[ServerProcess]:
+        return [s for s in (self.baseline, self.weir) if s is not None]
+
+    def contenders(self, runtime: Runtime) -> list[Contender]:
+        if runtime == Runtime.TORCH and self.baseline is not None:
+            return [Contender(self.baseline, runtime), Contender(self.weir, runtime)]
+        return [Contender(self.weir, runtime)]
+
+
+def workloads(
+    models: list[str], variants: list[Variant], bodies: dict[str, Path], servers: Servers
+) -> list[Workload]:
+    """Per model, who serves it: the baseline and Weir through torch, Weir through the rest."""
+    work = []
+    for model in models:
+        contenders = [
+            contender
+            for v in variants
+            if v.model == model
+            for contender in servers.contenders(v.runtime)
+        ]
+        work.append(Workload(model, bodies[model], contenders))
+    return work
+
+
 def serve_and_measure(
     args: argparse.Namespace, repository: Path, threads: int, work: Path
 ) -> tuple[list[Point], PeakRss]:
     models = args.models.split(",")
-    bodies = {m: write_body(repository, m, work / f"{m}.json") for m in models}
+    variants = plan(models, args.runtimes)
+    # The torch model's body: every variant takes the same tensors.
+    bodies = {m: write_body(args.repository, m, work / f"{m}.json") for m in models}
     logs = args.out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
-    baseline = baseline_server(repository, free_port(), threads, logs / "baseline.log")
-    weir = weir_server(repository, free_port(), logs / "weir.log")
+    baseline = None
+    if Runtime.TORCH in args.runtimes:
+        baseline = baseline_server(repository, free_port(), threads, logs / "baseline.log")
+    servers = Servers(weir_server(repository, free_port(), logs / "weir.log"), baseline)
     with contextlib.ExitStack() as stack:
-        for server in (baseline, weir):
+        for server in servers.all:
             stack.callback(server.stop)
             server.start()
-        for server in (baseline, weir):
+        for server in servers.all:
             server.wait_ready()
-        runner = PointRunner([baseline, weir], schedule(args))
-        with PeakRss(weir.pid) as rss:
-            points = runner.run(bodies)
+        runner = PointRunner(servers.all, schedule(args))
+        with PeakRss(servers.weir.pid) as rss:
+            points = runner.run(workloads(models, variants, bodies, servers))
     return points, rss
 
 
-def memory_record(rss: PeakRss, repository: Path) -> dict[str, Any]:
+def memory_record(rss: PeakRss, repository: Path, runtimes: list[Runtime]) -> dict[str, Any]:
     weights = weights_bytes(repository)
     return {
+        "runtimes": [str(r) for r in runtimes],
         "peak_total_mib": rss.peak_bytes / MIB,
         "weights_mib": weights / MIB,
         "peak_minus_weights_mib": (rss.peak_bytes - weights) / MIB,
@@ -123,18 +178,24 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
 
 def measure_all(args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, Any]:
     started = timestamp()
-    models = args.models.split(",")
+    variants = plan(args.models.split(","), args.runtimes)
+    if not variants:
+        raise SystemExit(f"no model of {args.models} is served through {args.runtimes}")
+    names = [v.name for v in variants]
     threads = worker_threads()
     with tempfile.TemporaryDirectory(prefix="weir-bench-") as work:
-        repository = bench_repository(args.repository, models, args.out / "repository")
-        logger.info("raw limit of %s, torch threads %s", ", ".join(models), threads or "default")
-        raw_before = measure_raw(repository, models, threads, args.raw_s)
+        repository = bench_repository(
+            args.repository, variants, args.out / "repository", args.out / "variants"
+        )
+        logger.info("raw limit of %s, threads %s", ", ".join(names), threads or "default")
+        raw_before = measure_raw(repository, names, threads, args.raw_s)
         points, rss = serve_and_measure(args, repository, threads, Path(work))
         logger.info("raw limit again, after the servers")
-        raw_after = measure_raw(repository, models, threads, args.raw_s)
-        memory = memory_record(rss, repository)
+        raw_after = measure_raw(repository, names, threads, args.raw_s)
+        memory = memory_record(rss, repository, args.runtimes)
     raw = {
         "torch_threads": raw_before["torch_threads"],
+        "threads": raw_before["threads"],
         "models": fastest(raw_before["models"], raw_after["models"]),
         "before": raw_before["models"],
         "after": raw_after["models"],
@@ -165,7 +226,10 @@ def write_outputs(out: Path, record: dict[str, Any]) -> None:
     report.write_json(out / f"{record['date'].replace(':', '')}.json", record)
     table = report.markdown(record, points, found)
     (out / "latest.md").write_text(table)
-    models = [m for m in record["raw"]["models"] if any(p.model == m for p in points)]
+    models = list(dict.fromkeys(p.model for p in points))
+    # matplotlib is the bench extra's (make bench installs it): imported only to draw.
+    from bench.plot import save_plot
+
     save_plot(out / "latest.png", points, record["raw"]["models"], models)
     logger.info("wrote %s, latest.md and latest.png in %s", record["date"], out)
     print(table)

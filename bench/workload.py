@@ -1,13 +1,13 @@
-"""What the load generator sends: one KServe v2 JSON body per model, the same for both servers.
+"""What the servers get: the benchmark's repository, and one KServe v2 JSON body per model.
 
 Bodies come from the model's ``config.yaml`` (read with plain YAML, so the instrument does not
-depend on Weir's internals): batch 1, every input filled with seeded values.
+depend on Weir's internals): batch 1, every input filled with seeded values. One body serves
+every server and every runtime of a model: the variants take the same tensors.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,6 +15,8 @@ from typing import Any
 
 import numpy as np
 import yaml
+
+from bench.variants import MODEL_FILES, Runtime, Variant, link_or_copy, link_variant
 
 # Token-id-like integers stay below this so any embedding table in the examples accepts them.
 INT_HIGH = 1000
@@ -74,27 +76,31 @@ def write_body(repository: Path, model: str, path: Path) -> Path:
 
 
 def weights_bytes(repository: Path) -> int:
-    """Bytes of every model file in the repository: the estimate of loaded model weights."""
-    files = [*repository.glob("*/[0-9]*/model.pt"), *repository.glob("*/[0-9]*/model.pt2")]
+    """Bytes of every model file in the repository: the estimate of loaded model weights.
+
+    Each runtime holds its own copy, so a model served through three runtimes counts three
+    times.
+    """
+    names = [*(n for files in MODEL_FILES.values() for n in files), "model.pt2"]
+    files = [f for name in names for f in repository.glob(f"*/[0-9]*/{name}")]
     return sum(f.stat().st_size for f in files)
 
 
-def bench_repository(source: Path, models: list[str], target: Path) -> Path:
-    """A fresh repository of only the benchmarked models, files hard-linked from ``source``.
+def bench_repository(source: Path, variants: list[Variant], target: Path, cache: Path) -> Path:
+    """A fresh repository of only the benchmarked models, each through its runtimes.
 
     Weir loads every model of its repository; serving only these keeps other examples from
-    changing the memory measured or whether the mesh becomes ready. Hard links (copies
-    across file systems), not symlinks: Weir refuses directories that lead outside its
-    repository.
+    changing the memory measured or whether the mesh becomes ready. A torch model's files
+    are hard-linked from ``source`` (copies across file systems), not symlinked: Weir
+    refuses directories that lead outside its repository. Another runtime's files come from
+    ``cache``, built there when missing or older than the torch model (:mod:`bench.variants`).
     """
     shutil.rmtree(target, ignore_errors=True)
-    for model in models:
-        shutil.copytree(source / model, target / model, copy_function=_link_or_copy)
+    for variant in variants:
+        if variant.runtime == Runtime.TORCH:
+            shutil.copytree(
+                source / variant.model, target / variant.model, copy_function=link_or_copy
+            )
+        else:
+            link_variant(source, target, cache, variant)
     return target
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:
-        shutil.copy2(src, dst)

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from bench.analysis import Point, fastest, model_ms, p99_bound_ms, peak, ratios, targets
-from bench.points import PointRunner, Schedule
+from bench.points import Contender, PointRunner, Schedule, Workload
+from bench.run import Servers, workloads
 from bench.servers import ServerProcess
+from bench.variants import RUNTIMES, Runtime, plan
 from bench.workload import request_body
 from bench.wrk import MARKER, parse_output
 
@@ -21,8 +24,8 @@ RAW = {
 }
 
 
-def point(server: str, concurrency: int, req_per_s: float, **kw: float) -> Point:
-    fields = {"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "mean_batch": 1.0}
+def point(server: str, concurrency: int, req_per_s: float, **kw: Any) -> Point:
+    fields: dict[str, Any] = {"p50_ms": 1.0, "p90_ms": 2.0, "p99_ms": 3.0, "mean_batch": 1.0}
     fields.update(kw)
     return Point(server, "wide_mlp", concurrency, req_per_s, requests=100, errors=0, **fields)
 
@@ -95,24 +98,57 @@ def test_the_raw_limit_keeps_the_faster_of_two_runs_per_batch_size() -> None:
 
 
 class ScriptedRunner(PointRunner):
-    """Answers each measurement from a list of req/s per server, recording the order."""
+    """Answers each measurement from a list of req/s per contender, recording the order."""
 
-    def __init__(self, rates: dict[str, list[float]], rounds: int) -> None:
-        servers = [ServerProcess(n, [], 0, Path("/dev/null")) for n in rates]
-        super().__init__(servers, Schedule([8], 0, 1, rounds))
+    def __init__(self, rates: dict[tuple[str, str], list[float]], rounds: int) -> None:
+        servers = {name: ServerProcess(name, [], 0, Path("/dev/null")) for name, _ in rates}
+        super().__init__(list(servers.values()), Schedule([8], 0, 1, rounds))
+        self.contenders = [Contender(servers[name], runtime) for name, runtime in rates]
         self.rates = rates
         self.order: list[str] = []
 
-    def measure(self, server: ServerProcess, model: str, concurrency: int, body: Path) -> Point:
-        self.order.append(server.name)
-        rate = self.rates[server.name].pop(0)
+    def measure(self, contender: Contender, model: str, concurrency: int, body: Path) -> Point:
+        key = (contender.server.name, contender.runtime)
+        self.order.append(contender.label(model))
+        rate = self.rates[key].pop(0)
         if rate < 0:
             raise RuntimeError("this run failed")
-        return point(server.name, concurrency, rate)
+        return point(key[0], concurrency, rate, runtime=key[1])
 
 
 def test_each_point_keeps_the_best_round_and_rounds_alternate_who_goes_first() -> None:
-    runner = ScriptedRunner({"baseline": [100.0, 120.0, 90.0], "weir": [300.0, -1.0, 250.0]}, 3)
-    kept = runner._rounds("wide_mlp", 8, Path("body.json"))
-    assert [(p.server, p.req_per_s) for p in kept] == [("baseline", 120.0), ("weir", 300.0)]
-    assert runner.order == ["baseline", "weir", "weir", "baseline", "baseline", "weir"]
+    rates = {
+        ("baseline", "torch"): [100.0, 120.0, 90.0],
+        ("weir", "torch"): [300.0, -1.0, 250.0],
+        ("weir", "openvino"): [400.0, 410.0, 390.0],
+    }
+    runner = ScriptedRunner(rates, 3)
+    work = Workload("wide_mlp", Path("body.json"), runner.contenders)
+    kept = runner._rounds(work, 8)
+    assert [(p.server, p.runtime, p.req_per_s) for p in kept] == [
+        ("baseline", "torch", 120.0),
+        ("weir", "torch", 300.0),
+        ("weir", "openvino", 410.0),
+    ]
+    first = ["baseline wide_mlp", "weir wide_mlp", "weir wide_mlp_openvino"]
+    assert runner.order == [*first, *first[::-1], *first]
+
+
+def test_the_baseline_serves_only_torch_and_only_when_torch_is_measured() -> None:
+    weir = ServerProcess("weir", [], 0, Path("/dev/null"))
+    baseline = ServerProcess("baseline", [], 0, Path("/dev/null"))
+    models = ["tiny_mlp", "bert_mini"]
+    bodies = {m: Path(f"{m}.json") for m in models}
+    every = plan(models, list(RUNTIMES))
+    [tiny, bert] = workloads(models, every, bodies, Servers(weir, baseline))
+    assert [c.label("tiny_mlp") for c in tiny.contenders] == ["baseline tiny_mlp", "weir tiny_mlp"]
+    assert [(c.server.name, c.runtime) for c in bert.contenders] == [
+        ("baseline", "torch"),
+        ("weir", "torch"),
+        ("weir", "onnxruntime"),
+        ("weir", "openvino"),
+    ]
+    no_torch = plan(models, [Runtime.OPENVINO])
+    [tiny, bert] = workloads(models, no_torch, bodies, Servers(weir, None))
+    assert tiny.contenders == []
+    assert [c.label("bert_mini") for c in bert.contenders] == ["weir bert_mini_openvino"]
