@@ -3,8 +3,13 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from pathlib import Path
 
 import numpy as np
+
+from weir.autocomplete import model_path
+from weir.config import ModelConfig
+from workers.threads import ThreadShare, available_cores
 
 
 class ModelBackend(ABC):
@@ -21,3 +26,27 @@ class ModelBackend(ABC):
         One call at a time per instance; a ``shareable`` backend also runs calls of its
         model's other instances at the same time.
         """
+
+
+class RuntimeBackend(ModelBackend):
+    """A model loaded once by a runtime with threads of its own, shared by its instances.
+
+    ONNX Runtime and OpenVINO are such runtimes. ``share`` is the worker's threads; its total
+    is the cores this process may use unless the worker set it. ``instances``: how many
+    instances of the model the worker runs.
+    """
+
+    shareable = True
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        share: ThreadShare | None = None,
+        instances: int = 1,
+    ) -> None:
+        self.config = config
+        self.share = share or ThreadShare()
+        self.share.know(available_cores())
+        self.path = model_path(config, version_dir)
+        self.instances = max(instances, 1)

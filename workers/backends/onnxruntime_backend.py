@@ -30,11 +30,10 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
-from weir.autocomplete import model_path
 from weir.config import ModelConfig
 from weir.errors import ConfigError, InvalidInput
-from workers.backends.base import ModelBackend
-from workers.threads import ThreadShare, available_cores
+from workers.backends.base import RuntimeBackend
+from workers.threads import ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -48,10 +47,8 @@ SPINNING = "session.intra_op.allow_spinning"
 SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 
 
-class OnnxRuntimeBackend(ModelBackend):
+class OnnxRuntimeBackend(RuntimeBackend):
     """An ONNX model in one session, shared by the model's instances."""
-
-    shareable = True
 
     def __init__(
         self,
@@ -60,11 +57,8 @@ class OnnxRuntimeBackend(ModelBackend):
         share: ThreadShare | None = None,
         instances: int = 1,
     ) -> None:
-        self.config = config
-        self.share = share or ThreadShare()
-        self.share.know(available_cores())
-        self.path = model_path(config, version_dir)
-        options = session_options(config, max(self.share.total // max(instances, 1), 1))
+        super().__init__(config, version_dir, share, instances)
+        options = session_options(config, max(self.share.total // self.instances, 1))
         try:
             self.session = ort.InferenceSession(
                 str(self.path), options, providers=providers(config)

@@ -31,13 +31,12 @@ import openvino as ov
 from weir.autocomplete import (
     SKIP_DYNAMIC_BATCH,
     SKIP_OV_DYNAMIC_BATCH,
-    model_path,
     skips_dynamic_batch,
 )
 from weir.config import ModelConfig
 from weir.errors import ConfigError
-from workers.backends.base import ModelBackend
-from workers.threads import ThreadShare, available_cores
+from workers.backends.base import RuntimeBackend
+from workers.threads import ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -53,10 +52,8 @@ LEGACY_PARAMETERS: dict[str, Callable[[str], tuple[str, str]]] = {
 }
 
 
-class OpenVinoBackend(ModelBackend):
+class OpenVinoBackend(RuntimeBackend):
     """An IR compiled once for the CPU, shared by the model's instances."""
-
-    shareable = True
 
     def __init__(
         self,
@@ -65,15 +62,12 @@ class OpenVinoBackend(ModelBackend):
         share: ThreadShare | None = None,
         instances: int = 1,
     ) -> None:
-        self.config = config
-        self.share = share or ThreadShare()
-        self.share.know(available_cores())
-        self.path = model_path(config, version_dir)
+        super().__init__(config, version_dir, share, instances)
         core = ov.Core()
         try:
             model = core.read_model(str(self.path))
             _dynamic_batch(config, model)
-            properties = compile_properties(core, config, self.share.total, instances)
+            properties = compile_properties(core, config, self.share.total, self.instances)
             self.compiled = core.compile_model(model, DEVICE, properties)
         except ConfigError:
             raise
