@@ -8,12 +8,12 @@ asked for as ``binary_data`` (or all, with ``binary_data_output``) follow the JS
 
 Non-finite floats travel as Triton writes and reads them: the bare tokens ``NaN``,
 ``Infinity`` and ``-Infinity`` (not standard JSON; Python's ``json`` and tritonclient read
-them). Bodies with them take a slower parse; responses with them a slower render.
+them). Bodies with them take a slower parse (:mod:`gateway.json_text`, which also bounds how
+deep ``data`` nests and what a parameter may be); responses with them a slower render.
 """
 
 from __future__ import annotations
 
-import itertools
 import json
 import math
 import secrets
@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 import orjson
 
+from gateway import json_text
 from weir import datatypes
 from weir.errors import InvalidInput
 from weir.tensors import Tensor
@@ -34,10 +35,14 @@ MAX_ELEMENTS = 2**48
 
 @dataclass(frozen=True, slots=True)
 class RequestedOutput:
-    """An output the client asked for, and whether it wants it as binary."""
+    """An output the client asked for: binary or not, and its top-K class count.
+
+    ``classification`` is Triton's classification extension; 0 returns the tensor itself.
+    """
 
     name: str
     binary: bool | None = None
+    classification: int = 0
 
 
 @dataclass(slots=True)
@@ -67,7 +72,7 @@ def parse_infer_body(
     so a tensor the model would refuse is never built.
     """
     json_part, binary = _split_body(body, header_length)
-    header = _load_json(json_part)
+    header = json_text.load_object(json_part)
     raw_inputs = _list_of_objects(header, "inputs")
     if not raw_inputs:
         raise InvalidInput("request has no inputs")
@@ -98,54 +103,6 @@ def _split_body(body: bytes, header_length: int | None) -> tuple[bytes, bytes]:
     return body[:header_length], body[header_length:]
 
 
-def _load_json(raw: bytes) -> dict[str, Any]:
-    try:
-        header = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        if b"NaN" not in raw and b"Infinity" not in raw:
-            raise InvalidInput(f"request body is not valid JSON: {exc}") from None
-        header = _load_json_non_finite(raw, exc)
-    if not isinstance(header, dict):
-        raise InvalidInput("request body must be a JSON object")
-    return header
-
-
-def _load_json_non_finite(raw: bytes, first: orjson.JSONDecodeError) -> Any:
-    """JSON with Triton's NaN, Infinity and -Infinity tokens, otherwise as strict as orjson."""
-    try:
-        text = raw.decode("utf-8")
-        value = json.loads(text, parse_constant=_constant, parse_float=_finite_float)
-        _check_strings(value)
-    except (UnicodeError, ValueError, RecursionError):
-        raise InvalidInput(f"request body is not valid JSON: {first}") from None
-    return value
-
-
-def _constant(token: str) -> float:
-    return float(token)  # NaN, Infinity, -Infinity
-
-
-def _finite_float(token: str) -> float:
-    value = float(token)
-    if math.isinf(value):  # 1e999: out of range, as orjson and Triton say
-        raise ValueError(f"number out of range: {token}")
-    return value
-
-
-def _check_strings(value: Any) -> None:
-    """Reject what orjson would: strings with lone surrogates (not encodable as UTF-8)."""
-    stack = [value]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, str):
-            item.encode("utf-8")
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, dict):
-            stack.extend(item.keys())
-            stack.extend(item.values())
-
-
 def _list_of_objects(header: dict[str, Any], key: str) -> list[dict[str, Any]]:
     value = header.get(key, [])
     if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
@@ -157,6 +114,8 @@ def _parameters(raw: dict[str, Any], where: str) -> dict[str, Any]:
     params = raw.get("parameters", {})
     if not isinstance(params, dict):
         raise InvalidInput(f"{where} 'parameters' must be an object")
+    for key, value in params.items():
+        json_text.check_parameter(where, key, value)
     return params
 
 
@@ -239,7 +198,7 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
     """Build a tensor from JSON ``data`` (flat or nested, row-major)."""
     if datatype == datatypes.BF16:
         raise InvalidInput(f"input '{name}': BF16 data must use the binary data extension")
-    flat, types = _flatten(data)
+    flat, types = json_text.flatten(name, data)
     if len(flat) != math.prod(shape):
         raise InvalidInput(
             f"input '{name}': shape {list(shape)} needs {math.prod(shape)} elements, "
@@ -250,38 +209,6 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
             datatype, shape, datatypes.serialize_bytes([_json_bytes(name, e) for e in flat])
         )
     return Tensor(datatype, shape, _numeric(name, datatype, flat, types).tobytes())
-
-
-def _flatten(data: Any) -> tuple[list[Any], set[type]]:
-    """Row-major elements of nested lists, and their types.
-
-    Regular nesting is unwound a level at a time in C; ragged nesting falls back to an
-    iterative walk, so no depth can overflow the stack.
-    """
-    if not isinstance(data, list):
-        return [data], {type(data)}
-    while True:
-        types = set(map(type, data))
-        if list not in types:
-            return data, types
-        if types != {list}:
-            flat = _flatten_ragged(data)
-            return flat, set(map(type, flat))
-        data = list(itertools.chain.from_iterable(data))
-
-
-def _flatten_ragged(data: list[Any]) -> list[Any]:
-    flat: list[Any] = []
-    stack = [iter(data)]
-    while stack:
-        for element in stack[-1]:
-            if isinstance(element, list):
-                stack.append(iter(element))
-                break
-            flat.append(element)
-        else:
-            stack.pop()
-    return flat
 
 
 def _numeric(name: str, datatype: str, flat: list[Any], types: set[type]) -> np.ndarray:
@@ -312,8 +239,21 @@ def _parse_output(raw: dict[str, Any]) -> RequestedOutput:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidInput("every requested output needs a 'name' string")
-    binary = _parameters(raw, f"output '{name}'").get("binary_data")
-    return RequestedOutput(name, None if binary is None else bool(binary))
+    parameters = _parameters(raw, f"output '{name}'")
+    binary = parameters.get("binary_data")
+    count = class_count(name, parameters.get("classification"))
+    return RequestedOutput(name, None if binary is None else bool(binary), count)
+
+
+def class_count(output: str, value: Any) -> int:
+    """An output's ``classification`` parameter: how many top classes, 0 when absent."""
+    if value is None:
+        return 0
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise InvalidInput(
+            f"output '{output}': parameter 'classification' must be a whole number of classes"
+        )
+    return value
 
 
 def render_infer_response(

@@ -2,17 +2,22 @@
 
 Shared by the fast path (plain ASGI, see :mod:`gateway.fastpath`) and the FastAPI route;
 :func:`execute`, the part after parsing, is shared with gRPC (:mod:`gateway.grpc_service`).
+The body is decoded first (gzip, deflate: :mod:`gateway.compression`); a header length of 0
+is Triton's raw binary request (:mod:`gateway.raw_binary`).
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import codec
+from gateway import classification, codec, compression
 from gateway.codec import InferBody
+from gateway.compression import BoundedDecoder, Coding
+from gateway.raw_binary import parse_raw_body
 from gateway.state import GatewayState
 from gateway.validation import check_request, precheck_input
 from weir.errors import BodyTooLarge, InvalidInput, WeirError
@@ -22,6 +27,8 @@ from weir.wire import InferReply
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"
+# Responses smaller than this compress on the event loop; larger ones in a thread.
+COMPRESS_INLINE_BYTES = 256 * 1024
 
 
 async def run_infer(
@@ -31,8 +38,7 @@ async def run_infer(
     entry, version = state.repository.resolve(model, version)
     try:
         raw = await _read_body(request, state.settings.body_limit_bytes)
-        precheck = functools.partial(precheck_input, entry.config)
-        body = codec.parse_infer_body(raw, _header_length(request), precheck)
+        body = _parse_body(entry, raw, _header_length(request))
         reply = await execute(state, entry, version, body)
     except WeirError as exc:
         state.metrics.failed(entry.name, version, exc.kind)
@@ -41,13 +47,7 @@ async def run_infer(
     content, header_length = codec.render_infer_response(
         entry.name, version, body.id, _outputs(body, reply.outputs)
     )
-    if header_length is None:
-        return Response(content, media_type=JSON)
-    return Response(
-        content,
-        media_type="application/octet-stream",
-        headers={"Inference-Header-Content-Length": str(header_length)},
-    )
+    return await _response(request, content, header_length)
 
 
 async def execute(
@@ -62,6 +62,7 @@ async def execute(
     batch = check_request(entry.config, body)
     reply = await state.mesh.infer(entry, version, body, batch)
     reply.raise_for_error()
+    reply.outputs = classification.apply(entry, body, reply.outputs)
     return reply
 
 
@@ -83,19 +84,53 @@ def _header_length(request: Request) -> int | None:
     return int(raw)
 
 
+def _parse_body(entry: ModelEntry, raw: bytes, header_length: int | None) -> InferBody:
+    if header_length == 0:  # Triton's raw binary request: the body is the one input's data
+        return parse_raw_body(entry.config, raw)
+    precheck = functools.partial(precheck_input, entry.config)
+    return codec.parse_infer_body(raw, header_length, precheck)
+
+
 async def _read_body(request: Request, limit_bytes: int) -> bytes:
-    """The body, refused as soon as it is known to exceed ``limit_bytes``."""
+    """The body, decoded, refused as soon as it is known to exceed ``limit_bytes``.
+
+    The limit holds for the bytes received and, for a compressed body, for the decoded ones.
+    """
+    coding = compression.request_coding(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
         raise _too_large(int(declared), limit_bytes)
+    decoder = None if coding == Coding.IDENTITY else BoundedDecoder(coding, limit_bytes)
     chunks: list[bytes] = []
     received = 0
     async for chunk in request.stream():
         received += len(chunk)
         if received > limit_bytes:
             raise _too_large(received, limit_bytes)
-        chunks.append(chunk)
+        chunks.extend([chunk] if decoder is None else decoder.feed(chunk))
+    if decoder is not None:
+        decoder.finish()
     return b"".join(chunks)
+
+
+async def _response(request: Request, content: bytes, header_length: int | None) -> Response:
+    """The infer response, compressed as the request's ``Accept-Encoding`` prefers."""
+    headers: dict[str, str] = {}
+    if header_length is not None:
+        headers["Inference-Header-Content-Length"] = str(header_length)
+    coding = compression.response_coding(request.headers.get("accept-encoding"))
+    if coding != Coding.IDENTITY:
+        content = await _compress(content, coding)
+        headers["Content-Encoding"] = coding.value
+    media_type = JSON if header_length is None else "application/octet-stream"
+    return Response(content, media_type=media_type, headers=headers)
+
+
+async def _compress(content: bytes, coding: Coding) -> bytes:
+    if len(content) < COMPRESS_INLINE_BYTES:
+        return compression.compress(content, coding)
+    # zlib lets go of the GIL: a large body compresses beside the event loop, not on it.
+    return await asyncio.to_thread(compression.compress, content, coding)
 
 
 def _too_large(size: int, limit_bytes: int) -> BodyTooLarge:

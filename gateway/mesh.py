@@ -71,8 +71,8 @@ class MeshClient:
                 return await future
         except TimeoutError:
             raise DeadlineExceeded(
-                f"request to model '{entry.name}' version '{version}' was not answered "
-                f"within {timeout_s:g} s"
+                f"{DeadlineExceeded.TRITON_TEXT}: model '{entry.name}' version '{version}' did "
+                f"not answer within {timeout_s:g} s"
             ) from None
         finally:
             self.waiting.pop(request.id, None)
@@ -104,9 +104,12 @@ class MeshClient:
             timeout_s = min(timeout_s, default_us / 1e6)
         override = body.parameters.get("timeout")
         if override is not None:
-            if not isinstance(override, int) or isinstance(override, bool) or override <= 0:
-                raise InvalidInput("parameter 'timeout' must be a positive integer (microseconds)")
-            timeout_s = min(timeout_s, override / 1e6)
+            if not isinstance(override, int) or isinstance(override, bool) or override < 0:
+                raise InvalidInput(
+                    "parameter 'timeout' must be a whole number of microseconds, 0 for none"
+                )
+            if override:  # 0: no timeout of the request's own, as Triton reads it
+                timeout_s = min(timeout_s, override / 1e6)
         return timeout_s
 
     def _request(

@@ -47,6 +47,11 @@ def _check_names(config: ModelConfig, body: InferBody) -> None:
     for spec in config.input:
         if spec.name not in body.inputs and not spec.optional:
             raise InvalidInput(f"missing input '{spec.name}' for model '{config.name}'")
+    seen: set[str] = set()
+    for requested in body.outputs:
+        if requested.name in seen:
+            raise InvalidInput(f"output '{requested.name}' is requested more than once")
+        seen.add(requested.name)
     if config.is_ensemble:
         return  # a pipeline request may name any of its tensors; its plan checks them
     outputs = {spec.name for spec in config.output}
@@ -56,6 +61,10 @@ def _check_names(config: ModelConfig, body: InferBody) -> None:
                 f"unknown output '{requested.name}' for model '{config.name}'; "
                 f"expected {', '.join(sorted(outputs))}"
             )
+
+
+def _dims(dims: list[int]) -> str:
+    return "[" + ",".join(str(d) for d in dims) + "]"  # as Triton prints a shape
 
 
 def _check_tensor(config: ModelConfig, spec: TensorSpec, tensor: Tensor) -> int:
@@ -69,8 +78,9 @@ def _check_tensor(config: ModelConfig, spec: TensorSpec, tensor: Tensor) -> int:
     if len(shape) != len(expected) or any(
         want != -1 and got != want for got, want in zip(shape, expected, strict=True)
     ):
-        raise InvalidInput(
-            f"input '{spec.name}' has shape {shape}, model '{config.name}' expects {expected}"
+        raise InvalidInput(  # Triton's words, which its clients' tests match on
+            f"unexpected shape for input '{spec.name}' for model '{config.name}'. "
+            f"Expected {_dims(expected)}, got {_dims(shape)}"
         )
     if config.max_batch_size == 0:
         return 1

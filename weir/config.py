@@ -83,6 +83,15 @@ class TensorSpec(_Strict):
     data_type: str
     dims: tuple[int, ...]
     optional: bool = False
+    # An output's class labels, one per line, in the model directory (classification).
+    label_filename: str = ""
+
+    @field_validator("label_filename")
+    @classmethod
+    def _label_file_inside(cls, value: str) -> str:
+        if value in (".", "..") or "/" in value or "\\" in value:
+            raise ValueError(f"{value!r} must name a file in the model directory")
+        return value
 
     @field_validator("data_type")
     @classmethod

@@ -44,7 +44,6 @@ IGNORED_TENSOR_FIELDS = frozenset(
         "is_shape_tensor",
         "is_non_linear_format_io",
         "allow_ragged_batch",
-        "label_filename",
     }
 )
 IGNORED_INSTANCE_GROUP_FIELDS = frozenset(

@@ -184,8 +184,8 @@ def test_priority_that_is_not_a_non_negative_integer_is_a_400(
     assert "priority" in response.json()["error"]
 
 
-@pytest.mark.parametrize("timeout", ["abc", 0, -5, 2.5])
-def test_timeout_parameter_that_is_not_a_positive_integer_is_a_400(
+@pytest.mark.parametrize("timeout", ["abc", -5, 2.5, True])
+def test_timeout_parameter_that_is_not_a_whole_number_of_microseconds_is_a_400(
     admission_mesh: Mesh, timeout: object
 ) -> None:
     response = post(admission_mesh, WIDE, infer_body(wide_input(0), timeout=timeout))
@@ -194,13 +194,14 @@ def test_timeout_parameter_that_is_not_a_positive_integer_is_a_400(
     assert "timeout" in response.json()["error"]
 
 
-def test_default_timeout_microseconds_answers_504_naming_the_model(admission_mesh: Mesh) -> None:
+def test_default_timeout_microseconds_answers_504_in_tritons_words(admission_mesh: Mesh) -> None:
     x = np.ones((1, 64), dtype=np.float32)
     response = post(admission_mesh, DEADLINE_MODEL, infer_body(x))
 
     assert response.status_code == 504, response.text
     assert set(response.json()) == {"error"}
-    assert f"'{DEADLINE_MODEL}'" in response.json()["error"]
+    # Expired in a queue (Triton's exact text) or in the gateway's wait (naming the model).
+    assert response.json()["error"].startswith("Request timeout expired")
     # The request that timed out was still taken out of the queue by the mesh.
     wait_until(
         lambda: queued(admission_mesh, DEADLINE_MODEL) == 0, 10, "the expired request to leave"

@@ -164,7 +164,7 @@ def test_unsupported_fields_are_dropped_with_a_warning(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     text = (
-        PLAIN_PBTXT.replace("dims: [ 3 ] } ]", 'dims: [ 3 ] label_filename: "labels.txt" } ]')
+        PLAIN_PBTXT.replace("dims: [ 3 ] } ]", "dims: [ 3 ] is_shape_tensor: true } ]")
         + 'model_warmup [ { name: "w" batch_size: 1 } ]\n'
     )
     path = write(tmp_path / "tiny", "config.pbtxt", text)
@@ -174,7 +174,7 @@ def test_unsupported_fields_are_dropped_with_a_warning(
 
     assert config.output[0].name == "OUTPUT0"
     warned = " ".join(r.getMessage() for r in caplog.records)
-    assert "output[0].label_filename is not supported yet" in warned
+    assert "output[0].is_shape_tensor is not supported yet" in warned
     assert "model_warmup is not supported yet" in warned
 
 

@@ -130,7 +130,7 @@ def test_the_completed_config_is_served_over_http_and_grpc(mesh: Mesh) -> None:
     assert config["input"] == [
         {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [128], "optional": False}
     ]
-    assert [o["name"] for o in config["output"]] == ["logits"]
+    assert [(o["name"], o["dims"]) for o in config["output"]] == [("logits", [2])]
     client = grpcclient.InferenceServerClient(mesh.grpc_target)
     try:
         over_grpc = client.get_model_config("bert_mini_onnx").config
