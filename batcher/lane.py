@@ -181,10 +181,7 @@ class BatcherLane:
             self.credits -= 1
 
     def _expired_reply(self, item: Queued) -> bytes:
-        error = DeadlineExceeded(
-            f"deadline passed while queued in the batcher of model '{self.model}' "
-            f"version '{self.version}'"
-        )
+        error = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)  # queued too long, as Triton says
         reply = InferReply(
             item.request_id, self.model, self.version, error=(error.kind, error.message)
         )

@@ -43,6 +43,9 @@ GRPC_STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 INTERNAL_MESSAGE = "internal error in the gateway"
+# How long past a client's gRPC deadline the mesh keeps its request: enough that the client's
+# own DEADLINE_EXCEEDED always comes first, even across hosts whose clocks differ a little.
+CLIENT_DEADLINE_GRACE_S = 1.0
 # Requests of one stream being answered at once; past it the stream is read no further.
 STREAM_IN_FLIGHT = 256
 
@@ -137,13 +140,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         self._authorize(context, Scope.MANAGEMENT)
         repository = self.state.repository
         if request.name:
-            entries = [(repository.resolve(request.name, request.version)[0], request.version)]
-        else:  # As Triton: no name, every model
-            entries = [(entry, "") for entry in repository]
+            entry = repository.resolve(request.name, request.version or None)[0]
+            entries = [(entry, request.version or None)]
+        else:  # As Triton: no name, every version of every model
+            entries = [(entry, None) for entry in repository]
         response = service_pb2.ModelStatisticsResponse()
-        for entry, version in entries:
-            for stats in await metadata.read_statistics(self.state.redis, entry, version or None):
-                json_format.ParseDict(stats, response.model_stats.add())
+        for stats in await metadata.read_statistics(self.state.redis, entries):
+            json_format.ParseDict(stats, response.model_stats.add())
         return response
 
     @_answers_errors
@@ -187,6 +190,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except WeirError as exc:
             state.metrics.failed(entry.name, version, exc.kind)
             raise
+        except asyncio.CancelledError:
+            # The call ended before its answer (its deadline passed, or the client left).
+            state.metrics.failed(entry.name, version, ErrorKind.TIMEOUT)
+            raise
         state.metrics.answered(entry.name, version, reply)
         outputs = grpc_codec.select_outputs(body, reply.outputs)
         return grpc_codec.render_infer_response(entry.name, version, request.id, outputs)
@@ -216,18 +223,20 @@ def _metadata(context: Any, key: str) -> str:
 
 
 def _client_deadline(body: InferBody, remaining_s: float | None) -> None:
-    """Lower the request's deadline to the client's, so the mesh drops what nobody awaits.
+    """Let the mesh give up on a request a grace after the client's gRPC deadline.
 
-    Only ever lowers it, as the ``timeout`` parameter does; an invalid ``timeout`` is left
-    for the mesh to refuse.
+    As Triton, the client's deadline is the client's: when it passes, gRPC ends the call with
+    its own DEADLINE_EXCEEDED, which clients match on. So the request's deadline is lowered
+    only to a grace past it, never below, and the mesh still drops what nobody awaits; an
+    invalid ``timeout`` is left for the mesh to refuse.
     """
     if remaining_s is None:
         return
-    remaining_us = max(int(remaining_s * 1e6), 1)
+    limit_us = int((remaining_s + CLIENT_DEADLINE_GRACE_S) * 1e6)
     given = body.parameters.get("timeout")
     valid = isinstance(given, int) and not isinstance(given, bool) and given > 0
-    if given is None or (valid and given > remaining_us):
-        body.parameters["timeout"] = remaining_us
+    if given is None or (valid and given > limit_us):
+        body.parameters["timeout"] = limit_us
 
 
 class _StreamAnswers:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from redis.asyncio import Redis
@@ -11,7 +11,19 @@ from weir import __version__, datatypes, names
 from weir.config import Backend, ModelConfig, TensorSpec
 from weir.repository import ModelEntry
 
-EXTENSIONS = ["binary_tensor_data", "model_configuration", "statistics"]
+# The KServe v2 / Triton extensions Weir implements, as Triton names them in server metadata.
+EXTENSIONS = [
+    "classification",
+    "binary_tensor_data",
+    "parameters",
+    "model_configuration",
+    "statistics",
+]
+
+# The workers' counters: executions per batch size, and per batch size each phase's time.
+BATCH_SIZE = "batch_size:"
+COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
+PHASES = ("queue", *COMPUTE_PHASES)
 
 PLATFORMS: dict[Backend, str] = {
     Backend.PYTORCH: "pytorch_libtorch",
@@ -49,21 +61,26 @@ def model_config(entry: ModelEntry) -> dict[str, Any]:
     for key in ("input", "output"):
         for tensor in raw[key]:
             tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
+    for tensor in raw["input"]:
+        tensor.pop("label_filename", None)  # an output's field in model_config.proto
     raw["platform"] = PLATFORMS[config.backend]
     raw["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
     return raw
 
 
 async def read_statistics(
-    redis: Redis, entry: ModelEntry, version: str | None
+    redis: Redis, entries: Sequence[tuple[ModelEntry, str | None]]
 ) -> list[dict[str, Any]]:
-    """The statistics of ``version``, or of every served version, as the workers recorded."""
-    versions = [version] if version else list(entry.versions)
-    stats = []
-    for v in versions:
-        recorded = await redis.hgetall(names.model_stats(entry.name, v))
-        stats.append(model_statistics(entry.name, v, recorded))
-    return stats
+    """Statistics of each (model, version), every served version where version is None.
+
+    Read in one pipelined round trip, as the workers recorded them.
+    """
+    lanes = [(e.name, v) for e, version in entries for v in ([version] if version else e.versions)]
+    pipe = redis.pipeline(transaction=False)
+    for name, version in lanes:
+        pipe.hgetall(names.model_stats(name, version))
+    recorded = await pipe.execute() if lanes else []
+    return [model_statistics(n, v, r) for (n, v), r in zip(lanes, recorded, strict=True)]
 
 
 def model_statistics(
@@ -71,28 +88,44 @@ def model_statistics(
 ) -> dict[str, Any]:
     """Triton's statistics extension, from the counters the workers record per batch."""
     counts = {(k.decode() if isinstance(k, bytes) else k): int(v) for k, v in recorded.items()}
-    batches = sorted(
-        (int(key.split(":", 1)[1]), count)
-        for key, count in counts.items()
-        if key.startswith("batch_size:")
-    )
     return {
         "name": name,
         "version": version,
+        "last_inference": counts.get("last_inference", 0),
         "inference_count": counts.get("inference_count", 0),
         "execution_count": counts.get("execution_count", 0),
         "inference_stats": _inference_stats(counts),
-        "batch_stats": [
-            {"batch_size": size, "compute_infer": {"count": count}} for size, count in batches
-        ],
+        "batch_stats": _batch_stats(counts),
     }
 
 
 def _inference_stats(counts: dict[str, int]) -> dict[str, dict[str, int]]:
-    """Per request, as Triton counts them: each request counts its batch's compute time."""
+    """Per request, as Triton counts them: each request counts its batch's compute time.
+
+    ``success`` and ``fail`` take each request's whole time in the server, from the gateway
+    taking it to the worker recording it.
+    """
     succeeded = counts.get("success_count", 0)
-    phases = ("queue", "compute_input", "compute_infer", "compute_output")
-    stats = {phase: {"count": succeeded, "ns": counts.get(f"{phase}_ns", 0)} for phase in phases}
-    stats["success"] = {"count": succeeded, "ns": sum(s["ns"] for s in stats.values())}
-    stats["fail"] = {"count": counts.get("fail_count", 0), "ns": 0}
+    stats = {"success": {"count": succeeded, "ns": counts.get("success_ns", 0)}}
+    stats["fail"] = {"count": counts.get("fail_count", 0), "ns": counts.get("fail_ns", 0)}
+    for phase in PHASES:
+        stats[phase] = {"count": succeeded, "ns": counts.get(f"{phase}_ns", 0)}
     return stats
+
+
+def _batch_stats(counts: dict[str, int]) -> list[dict[str, Any]]:
+    """One entry per batch size executed: its executions and each compute phase's time."""
+    sizes = sorted(int(key[len(BATCH_SIZE) :]) for key in counts if key.startswith(BATCH_SIZE))
+    return [
+        {
+            "batch_size": size,
+            **{
+                phase: {
+                    "count": counts[f"{BATCH_SIZE}{size}"],
+                    "ns": counts.get(f"batch_{phase}_ns:{size}", 0),
+                }
+                for phase in COMPUTE_PHASES
+            },
+        }
+        for size in sizes
+    ]

@@ -41,6 +41,14 @@ async def server_metadata() -> Response:
     return _json(metadata.server_metadata())
 
 
+@router.get("/v2/models/stats", dependencies=MANAGEMENT)
+async def all_model_stats(request: Request) -> Response:
+    # Before /v2/models/{model}, as Triton matches it first: every version of every model.
+    state = gateway_state(request)
+    entries = [(entry, None) for entry in state.repository]
+    return _json({"model_stats": await metadata.read_statistics(state.redis, entries)})
+
+
 @router.get("/v2/models/{model}", dependencies=INFERENCE)
 @router.get("/v2/models/{model}/versions/{version}", dependencies=INFERENCE)
 async def model_metadata(request: Request, model: str) -> Response:
@@ -73,7 +81,8 @@ async def model_stats(request: Request, model: str) -> Response:
     version = _path_version(request)
     state = gateway_state(request)
     entry, _ = state.repository.resolve(model, version)
-    return _json({"model_stats": await metadata.read_statistics(state.redis, entry, version)})
+    stats = await metadata.read_statistics(state.redis, [(entry, version)])
+    return _json({"model_stats": stats})
 
 
 @router.post("/v2/models/{model}/infer", dependencies=INFERENCE)

@@ -107,6 +107,8 @@ class DeadlineExceeded(WeirError):
     """The request's deadline passed before it was answered (504)."""
 
     kind = ErrorKind.TIMEOUT
+    # Triton's words for a request whose timeout expired while queued; clients match on it.
+    TRITON_TEXT = "Request timeout expired"
 
 
 class ServerError(WeirError):

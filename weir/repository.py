@@ -91,11 +91,11 @@ class Repository:
         """The model and the version to serve; a missing version means the latest served."""
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"unknown model: '{name}'")
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
         if not version:
             return entry, entry.latest
         if version not in entry.versions:
-            raise NotFound(f"unknown version '{version}' of model '{name}'")
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return entry, version
 
     def __iter__(self) -> Iterator[ModelEntry]:

@@ -8,6 +8,7 @@ per input row; a call that fails fails each of its members with the same error.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from itertools import groupby
 
 import numpy as np
@@ -20,6 +21,18 @@ from weir.wire import InferReply, InferRequest, now_ns
 from workers.backends.base import ModelBackend
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Execution:
+    """One backend call: its batch size, and its phases' nanoseconds when it succeeded.
+
+    ``phases_ns`` holds compute_input, compute_infer and compute_output, as Triton splits a
+    model execution; None for a call that failed.
+    """
+
+    batch_size: int
+    phases_ns: tuple[int, int, int] | None
 
 
 class BatchRunner:
@@ -35,12 +48,21 @@ class BatchRunner:
 
         Called in an executor thread.
         """
+        replies, executions = self.run_batch(requests)
+        return replies, [execution.batch_size for execution in executions]
+
+    def run_batch(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[Execution]]:
+        """One reply per request, in order, and each backend call made, timed.
+
+        Called in an executor thread.
+        """
         replies: list[InferReply] = []
-        executions: list[int] = []
+        executions: list[Execution] = []
         for _, group in groupby(requests, key=self._shape_key):
             members = list(group)
-            replies.extend(self._run_group(members))
-            executions.append(sum(self._rows(r) for r in members))
+            group_replies, phases_ns = self._run_group(members)
+            replies.extend(group_replies)
+            executions.append(Execution(sum(self._rows(r) for r in members), phases_ns))
         return replies, executions
 
     def _shape_key(self, request: InferRequest) -> tuple[tuple[int, ...] | None, ...]:
@@ -51,17 +73,21 @@ class BatchRunner:
             for spec in self.config.input
         )
 
-    def _run_group(self, members: list[InferRequest]) -> list[InferReply]:
+    def _run_group(
+        self, members: list[InferRequest]
+    ) -> tuple[list[InferReply], tuple[int, int, int] | None]:
         try:
             return self._execute(members)
         except WeirError as exc:
-            return [InferReply.failure(r, exc) for r in members]
+            return [InferReply.failure(r, exc) for r in members], None
         except Exception as exc:
             logger.exception("model %s failed on a batch of %d", self.config.name, len(members))
             error = ServerError(f"model '{self.config.name}' failed: {type(exc).__name__}: {exc}")
-            return [InferReply.failure(r, error) for r in members]
+            return [InferReply.failure(r, error) for r in members], None
 
-    def _execute(self, members: list[InferRequest]) -> list[InferReply]:
+    def _execute(
+        self, members: list[InferRequest]
+    ) -> tuple[list[InferReply], tuple[int, int, int]]:
         started = now_ns()
         sizes = [self._rows(r) for r in members]
         present = [spec.name for spec in self.config.input if spec.name in members[0].inputs]
@@ -80,7 +106,7 @@ class BatchRunner:
         }
         for reply in replies:
             reply.ts.update(stamps)
-        return replies
+        return replies, (computed - started, inferred - computed, done - inferred)
 
     def _rows(self, request: InferRequest) -> int:
         if not self.batches:

@@ -28,15 +28,20 @@ from weir.repository import ModelEntry
 from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply, InferRequest
-from workers.execution import BatchRunner
+from workers.execution import BatchRunner, Execution
 
 logger = logging.getLogger(__name__)
 
 RETRY_S = 0.5
 
-# KEYS: the statistics hash. ARGV: field, increment, field, increment ...
+# KEYS: the statistics hash. ARGV: the batch's last_inference (unix ms, 0 for none), then
+# field, increment, field, increment ... last_inference only ever moves forward.
 _ADD_STATS = """
-for i = 1, #ARGV, 2 do
+local last = tonumber(ARGV[1])
+if last > tonumber(redis.call('HGET', KEYS[1], 'last_inference') or '0') then
+  redis.call('HSET', KEYS[1], 'last_inference', ARGV[1])
+end
+for i = 2, #ARGV, 2 do
   redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
 end
 """
@@ -46,15 +51,17 @@ class Outcome:
     """What one batch produced, ready to write."""
 
     __slots__ = (
-        "answered", "compute_ns", "executions", "forwards", "phases", "replies", "routed"
+        "answered", "compute_ns", "executions", "forwards", "last_inference_ms", "phases",
+        "replies", "routed",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, bytes]] = []
-        self.executions: list[int] = []
+        self.executions: list[Execution] = []
         self.compute_ns = 0
         self.answered = 0
-        # Per request, summed: success/fail counts and queue and compute nanoseconds.
+        self.last_inference_ms = 0  # when a backend call of the batch last succeeded
+        # Per request, summed: success/fail counts and nanoseconds, queue and compute time.
         self.phases: dict[str, int] = {}
         # Pipeline steps that finished, and the step requests they lead to.
         self.routed: list[tuple[InferRequest, InferReply]] = []
@@ -193,23 +200,22 @@ class WorkerLane:
         live = [r for r in requests if r.deadline_ms > now_ms]
         outcome = Outcome()
         started = time.perf_counter_ns()
-        replies, outcome.executions = runner.run(live) if live else ([], [])
+        replies, outcome.executions = runner.run_batch(live) if live else ([], [])
         outcome.compute_ns = time.perf_counter_ns() - started
-        outcome.phases = _phase_totals(replies)
         by_id = {r.id: r for r in requests}
+        expired = [r for r in requests if r.deadline_ms <= now_ms]
+        outcome.phases = _phase_totals(replies, by_id, expired, wire.now_ns())
+        if any(e.phases_ns is not None for e in outcome.executions):
+            outcome.last_inference_ms = time.time_ns() // 1_000_000
         for reply in replies:
             request = by_id[reply.id]
             if request.route is not None:
                 outcome.routed.append((request, reply))
             else:
                 outcome.replies.append((request.reply_to, reply.encode()))
-        for request in requests:
-            if request.deadline_ms <= now_ms:
-                error = DeadlineExceeded(
-                    f"deadline passed before model '{request.model}' version "
-                    f"'{request.version}' ran the request"
-                )
-                outcome.replies.append((request.reply_to, _failure(request, error)))
+        for request in expired:
+            error = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)  # expired while queued
+            outcome.replies.append((request.reply_to, _failure(request, error)))
         outcome.answered = len(requests)
         return outcome
 
@@ -247,7 +253,8 @@ class WorkerLane:
         if increments:
             # EVAL, not EVALSHA: inside MULTI a script missing from a restarted Redis's cache
             # would fail alone and the rest of the transaction would still commit.
-            commands.append(("EVAL", _ADD_STATS, 1, self.stats_key, *increments))
+            last = outcome.last_inference_ms
+            commands.append(("EVAL", _ADD_STATS, 1, self.stats_key, last, *increments))
         commands.append(("DECRBY", self.queued_key, outcome.answered))
         commands.append(self.credit(1))
         commands.append(self.group.ack(self.stream, [entry_id]))
@@ -269,6 +276,7 @@ class WorkerLane:
         for request in requests:
             outcome.replies.append((request.reply_to, _failure(request, error)))
         outcome.answered = len(requests)
+        outcome.phases = _phase_totals([], {}, requests, wire.now_ns())
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
         dead = (wire.PAYLOAD, payload, b"reason", reason.encode(), b"id", entry.id)
         await self._write(entry.id, outcome, dead)
@@ -283,17 +291,26 @@ def _flat(fields: Mapping[bytes, Arg]) -> list[Arg]:
 
 
 def _stat_increments(outcome: Outcome) -> list[str | int]:
-    """Field, increment, field, increment ... for the model's statistics hash."""
+    """Field, increment, field, increment ... for the model's statistics hash.
+
+    As Triton: executions, inferences and batch statistics count successful backend calls.
+    """
     counts: dict[str, int] = {}
-    for size in outcome.executions:
-        counts["execution_count"] = counts.get("execution_count", 0) + 1
-        counts["inference_count"] = counts.get("inference_count", 0) + size
-        key = f"batch_size:{size}"
-        counts[key] = counts.get(key, 0) + 1
+    for execution in outcome.executions:
+        if execution.phases_ns is not None:
+            _count_execution(counts, execution.batch_size, execution.phases_ns)
     if outcome.executions:
         counts["compute_ns"] = outcome.compute_ns
     counts.update(outcome.phases)
     return [item for pair in counts.items() for item in pair]
+
+
+def _count_execution(counts: dict[str, int], size: int, phases_ns: tuple[int, ...]) -> None:
+    increments = {"execution_count": 1, "inference_count": size, f"batch_size:{size}": 1}
+    for phase, ns in zip(COMPUTE_PHASES, phases_ns, strict=True):
+        increments[names.batch_phase_field(phase, size)] = ns
+    for key, increment in increments.items():
+        counts[key] = counts.get(key, 0) + increment
 
 
 def _decode(entry: Entry) -> list[InferRequest]:
@@ -323,18 +340,39 @@ PHASES = (
     ("compute_infer", "compute_input_end", "compute_infer_end"),
     ("compute_output", "compute_infer_end", "compute_end"),
 )
+COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
 
 
-def _phase_totals(replies: list[InferReply]) -> dict[str, int]:
-    """Counts and summed nanoseconds of each phase over a batch's replies."""
-    totals = {"success_count": 0, "fail_count": 0}
+def _phase_totals(
+    replies: list[InferReply],
+    requests: Mapping[str, InferRequest],
+    failed: list[InferRequest],
+    end_ns: int,
+) -> dict[str, int]:
+    """Counts and summed nanoseconds of each phase over a batch's replies.
+
+    As Triton: a request's success or fail time runs from the gateway taking it to
+    ``end_ns``, when its batch is recorded; ``failed`` are requests answered without a run.
+    """
+    totals = {"success_count": 0, "fail_count": 0, "success_ns": 0, "fail_ns": 0}
     for reply in replies:
-        if reply.error is not None:
-            totals["fail_count"] += 1
-            continue
-        totals["success_count"] += 1
-        for name, start, end in PHASES:
-            if start in reply.ts and end in reply.ts:
-                key = f"{name}_ns"
-                totals[key] = totals.get(key, 0) + max(reply.ts[end] - reply.ts[start], 0)
+        outcome = "fail" if reply.error is not None else "success"
+        _add_request(totals, outcome, requests[reply.id], end_ns)
+        if reply.error is None:
+            _add_phases(totals, reply.ts)
+    for request in failed:
+        _add_request(totals, "fail", request, end_ns)
     return {k: v for k, v in totals.items() if v}
+
+
+def _add_request(totals: dict[str, int], outcome: str, request: InferRequest, end_ns: int) -> None:
+    totals[f"{outcome}_count"] += 1
+    if "gateway_in" in request.ts:
+        totals[f"{outcome}_ns"] += max(end_ns - request.ts["gateway_in"], 0)
+
+
+def _add_phases(totals: dict[str, int], ts: Mapping[str, int]) -> None:
+    for name, start, end in PHASES:
+        if start in ts and end in ts:
+            key = f"{name}_ns"
+            totals[key] = totals.get(key, 0) + max(ts[end] - ts[start], 0)

@@ -26,7 +26,7 @@ BAD_REQUESTS = [
         {"inputs": [tiny_input(datatype="FP64")]}, "input 'INPUT0' has datatype FP64", id="datatype"
     ),
     pytest.param(
-        {"inputs": [tiny_input(shape=[1, 32], data=[0.0] * 32)]}, "shape [1, 32]", id="shape"
+        {"inputs": [tiny_input(shape=[1, 32], data=[0.0] * 32)]}, "got [1,32]", id="shape"
     ),
     pytest.param(
         {"inputs": [tiny_input(shape=[1, 64], data=[0.0] * 63)]}, "data has 63", id="element-count"
@@ -69,8 +69,11 @@ def test_malformed_json_is_a_400(mesh: Mesh) -> None:
 @pytest.mark.parametrize(
     ("path", "message"),
     [
-        ("/v2/models/no_such_model/infer", "unknown model: 'no_such_model'"),
-        ("/v2/models/tiny_mlp/versions/7/infer", "unknown version '7'"),
+        (
+            "/v2/models/no_such_model/infer",
+            "Request for unknown model: 'no_such_model' is not found",
+        ),
+        ("/v2/models/tiny_mlp/versions/7/infer", "'tiny_mlp' version 7 is not found"),
     ],
 )
 def test_unknown_model_or_version_is_a_404(mesh: Mesh, path: str, message: str) -> None:

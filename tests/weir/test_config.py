@@ -400,7 +400,7 @@ def test_resolve_named_version_gives_that_version(tmp_path: Path) -> None:
 
 def test_resolve_unknown_model_raises_not_found(tmp_path: Path) -> None:
     make_model(tmp_path, "m", [1])
-    with pytest.raises(NotFound, match="unknown model: 'nope'"):
+    with pytest.raises(NotFound, match="Request for unknown model: 'nope' is not found"):
         Repository.load(tmp_path).resolve("nope")
 
 
@@ -408,9 +408,9 @@ def test_resolve_version_not_served_raises_not_found(tmp_path: Path) -> None:
     # Version 1 is on disk but the default policy serves only version 2.
     make_model(tmp_path, "m", [1, 2])
     repository = Repository.load(tmp_path)
-    with pytest.raises(NotFound, match="unknown version '1' of model 'm'"):
+    with pytest.raises(NotFound, match="'m' version 1 is not found"):
         repository.resolve("m", "1")
-    with pytest.raises(NotFound, match="unknown version '9'"):
+    with pytest.raises(NotFound, match="version 9 is not found"):
         repository.resolve("m", "9")
 
 
