@@ -50,6 +50,7 @@ class BatcherLane:
         self.batch_stream = names.batch_stream(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
         self.queued_key = names.queued_counter(entry.name, version)
+        self.stats_key = names.model_stats(entry.name, version)
         self.queue = _queue_for(entry)
         self.batches = entry.config.max_batch_size > 0
         self.credits = 0
@@ -162,6 +163,7 @@ class BatcherLane:
             commands.append(("XADD", stream, "*", *itertools.chain(*fields.items())))
         if expired:
             commands.append(("DECRBY", self.queued_key, len(expired)))
+            commands.extend(self._count_failed(expired))
         consumed = [q.entry_id for q in (*batch, *expired)]
         if consumed:
             commands.append(self.group.ack(self.request_stream, consumed))
@@ -179,6 +181,17 @@ class BatcherLane:
         self.sending = set()
         if batch:
             self.credits -= 1
+
+    def _count_failed(self, expired: list[Queued]) -> list[Command]:
+        """Expired requests count as failures in the model's statistics, as Triton's do.
+
+        Their time is what they waited in the batcher (the hop before it is not known here).
+        """
+        waited_ns = sum(int((time.monotonic() - q.arrived_s) * 1e9) for q in expired)
+        return [
+            ("HINCRBY", self.stats_key, "fail_count", len(expired)),
+            ("HINCRBY", self.stats_key, "fail_ns", max(waited_ns, 0)),
+        ]
 
     def _expired_reply(self, item: Queued) -> bytes:
         error = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)  # queued too long, as Triton says

@@ -194,8 +194,14 @@ def test_timeout_parameter_that_is_not_a_whole_number_of_microseconds_is_a_400(
     assert "timeout" in response.json()["error"]
 
 
+def failures(mesh: Mesh, model: str) -> int:
+    stats = httpx.get(f"{mesh.url}/v2/models/{model}/stats").json()["model_stats"][0]
+    return int(stats["inference_stats"]["fail"]["count"])
+
+
 def test_default_timeout_microseconds_answers_504_in_tritons_words(admission_mesh: Mesh) -> None:
     x = np.ones((1, 64), dtype=np.float32)
+    failed_before = failures(admission_mesh, DEADLINE_MODEL)
     response = post(admission_mesh, DEADLINE_MODEL, infer_body(x))
 
     assert response.status_code == 504, response.text
@@ -205,6 +211,12 @@ def test_default_timeout_microseconds_answers_504_in_tritons_words(admission_mes
     # The request that timed out was still taken out of the queue by the mesh.
     wait_until(
         lambda: queued(admission_mesh, DEADLINE_MODEL) == 0, 10, "the expired request to leave"
+    )
+    # ...and counted as a failure in the model's statistics, as Triton counts it.
+    wait_until(
+        lambda: failures(admission_mesh, DEADLINE_MODEL) == failed_before + 1,
+        10,
+        "the expired request to count as a failure",
     )
 
 
