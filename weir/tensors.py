@@ -60,7 +60,11 @@ class Tensor:
         """Raise InvalidInput unless ``data`` holds exactly ``shape``'s elements."""
         size = datatypes.element_size(self.datatype)
         if size is None:
-            datatypes.deserialize_bytes(self.data, self.element_count)
+            count = datatypes.count_bytes_elements(self.data)
+            if count != self.element_count:
+                raise InvalidInput(
+                    f"BYTES tensor holds {count} elements, shape needs {self.element_count}"
+                )
             return
         expected = self.element_count * size
         if len(self.data) != expected:

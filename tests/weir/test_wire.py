@@ -359,3 +359,14 @@ def test_empty_batch_round_trips() -> None:
 def test_decode_batch_rejects_non_list() -> None:
     with pytest.raises(ValueError, match="not a msgpack list"):
         decode_batch(msgpack.packb({"a": 1}))
+
+
+def test_counting_bytes_elements_agrees_with_deserializing_and_checks_framing() -> None:
+    elements = [b"", b"a", b"\x00\xff" * 40, "ünï".encode()] * 50
+    raw = datatypes.serialize_bytes(elements)
+    assert datatypes.count_bytes_elements(raw) == len(datatypes.deserialize_bytes(raw)) == 200
+    assert datatypes.count_bytes_elements(b"") == 0
+    with pytest.raises(InvalidInput, match="inside a length prefix"):
+        datatypes.count_bytes_elements(raw + b"\x01\x00")
+    with pytest.raises(InvalidInput, match="runs past the end"):
+        datatypes.count_bytes_elements(raw[:-1])
