@@ -22,6 +22,8 @@ from gateway.exporter import MeshCollector, MetricsServer
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.routes import router
+from gateway.shared_memory import SharedMemoryRegistry
+from gateway.shared_memory_routes import router as shared_memory_router
 from gateway.state import STATE_KEY, GatewayState
 from weir import __version__
 from weir.connection import connect
@@ -70,7 +72,10 @@ def create_app(
                 "reach port %s can run inference",
                 ports,
             )
-        state = GatewayState(settings, repository, redis, mesh, metrics)
+        shm = SharedMemoryRegistry(
+            settings.shared_memory_max_regions, settings.shared_memory_max_region_bytes
+        )
+        state = GatewayState(settings, repository, redis, mesh, metrics, shm)
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the
         # gateway is kept out of the collector's full collections.
@@ -91,9 +96,11 @@ def create_app(
                 await reader
             await mesh.close()
             await redis.aclose()
+            shm.close()
 
     app = FastAPI(title="Weir gateway", version=__version__, lifespan=lifespan)
     app.include_router(router)
+    app.include_router(shared_memory_router)
     app.add_exception_handler(WeirError, _weir_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)

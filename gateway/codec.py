@@ -25,6 +25,7 @@ import numpy as np
 import orjson
 
 from gateway import json_text
+from gateway.shared_memory import SharedMemoryRegistry, TensorRef, input_tensor
 from weir import datatypes
 from weir.errors import InvalidInput
 from weir.tensors import Tensor
@@ -38,11 +39,13 @@ class RequestedOutput:
     """An output the client asked for: binary or not, and its top-K class count.
 
     ``classification`` is Triton's classification extension; 0 returns the tensor itself.
+    ``shm`` is where in shared memory the output is to be written, when it is.
     """
 
     name: str
     binary: bool | None = None
     classification: int = 0
+    shm: TensorRef | None = None
 
 
 @dataclass(slots=True)
@@ -58,18 +61,27 @@ class InferBody:
     def binary_output_default(self) -> bool:
         return bool(self.parameters.get("binary_data_output", False))
 
+    @property
+    def shared_outputs(self) -> dict[str, TensorRef]:
+        """The requested outputs to be written to shared memory, by name."""
+        return {o.name: o.shm for o in self.outputs if o.shm is not None}
+
 
 # Checks an input's name, datatype and shape before its data is decoded.
 Precheck = Callable[[str, str, tuple[int, ...]], None]
 
 
 def parse_infer_body(
-    body: bytes, header_length: int | None, precheck: Precheck | None = None
+    body: bytes,
+    header_length: int | None,
+    precheck: Precheck | None = None,
+    shm: SharedMemoryRegistry | None = None,
 ) -> InferBody:
     """Parse a JSON or JSON+binary infer body; every problem is an InvalidInput.
 
     ``precheck`` runs on each input's name, datatype and shape before its data is decoded,
-    so a tensor the model would refuse is never built.
+    so a tensor the model would refuse is never built. Tensors in shared memory are found in
+    ``shm`` (none is refused without it).
     """
     json_part, binary = _split_body(body, header_length)
     header = json_text.load_object(json_part)
@@ -77,16 +89,17 @@ def parse_infer_body(
     if not raw_inputs:
         raise InvalidInput("request has no inputs")
     reader = _BinaryReader(binary)
+    shm = _NO_SHARED_MEMORY if shm is None else shm
     inputs: dict[str, Tensor] = {}
     for raw in raw_inputs:
-        name, tensor = _parse_input(raw, reader, precheck)
+        name, tensor = _parse_input(raw, reader, precheck, shm)
         if name in inputs:
             raise InvalidInput(f"input '{name}' appears more than once")
         inputs[name] = tensor
     reader.check_consumed()
     return InferBody(
         inputs=inputs,
-        outputs=[_parse_output(raw) for raw in _list_of_objects(header, "outputs")],
+        outputs=[_parse_output(raw, shm) for raw in _list_of_objects(header, "outputs")],
         parameters=_parameters(header, "request"),
         id=_optional_id(header),
     )
@@ -150,7 +163,7 @@ class _BinaryReader:
 
 
 def _parse_input(
-    raw: dict[str, Any], reader: _BinaryReader, precheck: Precheck | None
+    raw: dict[str, Any], reader: _BinaryReader, precheck: Precheck | None, shm: SharedMemoryRegistry
 ) -> tuple[str, Tensor]:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
@@ -161,20 +174,34 @@ def _parse_input(
     shape = _shape(name, raw.get("shape"))
     if precheck is not None:
         precheck(name, datatype, shape)
-    size = _parameters(raw, f"input '{name}'").get("binary_data_size")
-    if size is not None:
-        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
-            raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
-        tensor = Tensor(datatype, shape, reader.take(name, size))
-    elif "data" in raw:
-        tensor = tensor_from_json(name, datatype, shape, raw["data"])
-    else:
-        raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
+    tensor = _input_tensor(raw, name, datatype, shape, reader, shm)
     try:
         tensor.check_size()
     except InvalidInput as exc:
         raise InvalidInput(f"input '{name}': {exc.message}") from None
     return name, tensor
+
+
+def _input_tensor(
+    raw: dict[str, Any],
+    name: str,
+    datatype: str,
+    shape: tuple[int, ...],
+    reader: _BinaryReader,
+    shm: SharedMemoryRegistry,
+) -> Tensor:
+    parameters = _parameters(raw, f"input '{name}'")
+    size = parameters.get("binary_data_size")
+    ref = shm.locate(f"input '{name}'", parameters)
+    if ref is not None:
+        return input_tensor(ref, name, datatype, shape, size is not None or "data" in raw)
+    if size is not None:
+        if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
+        return Tensor(datatype, shape, reader.take(name, size))
+    if "data" in raw:
+        return tensor_from_json(name, datatype, shape, raw["data"])
+    raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
 
 
 def _shape(name: str, shape: Any) -> tuple[int, ...]:
@@ -235,14 +262,27 @@ def _json_bytes(name: str, element: Any) -> bytes:
     return element.encode()
 
 
-def _parse_output(raw: dict[str, Any]) -> RequestedOutput:
+def _parse_output(raw: dict[str, Any], shm: SharedMemoryRegistry) -> RequestedOutput:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
         raise InvalidInput("every requested output needs a 'name' string")
     parameters = _parameters(raw, f"output '{name}'")
     binary = parameters.get("binary_data")
     count = class_count(name, parameters.get("classification"))
-    return RequestedOutput(name, None if binary is None else bool(binary), count)
+    ref = shared_output(shm, name, parameters, count, bool(binary))
+    return RequestedOutput(name, None if binary is None else bool(binary), count, ref)
+
+
+def shared_output(
+    shm: SharedMemoryRegistry, name: str, parameters: dict[str, Any], count: int, binary: bool
+) -> TensorRef | None:
+    """Where an output is to be written in shared memory, if anywhere; Triton's checks."""
+    ref = shm.locate(f"output '{name}'", parameters)
+    if ref is not None and count:
+        raise InvalidInput("Output can't set both 'shared_memory_region' and 'classification'")
+    if ref is not None and binary:
+        raise InvalidInput("Output can't set both 'shared_memory_region' and 'binary_data'")
+    return ref
 
 
 def class_count(output: str, value: Any) -> int:
@@ -261,8 +301,13 @@ def render_infer_response(
     version: str,
     request_id: str | None,
     outputs: list[tuple[str, Tensor, bool]],
+    shared: frozenset[str] = frozenset(),
 ) -> tuple[bytes, int | None]:
-    """The response body, and the JSON header's length when binary tensors follow it."""
+    """The response body, and the JSON header's length when binary tensors follow it.
+
+    Outputs named in ``shared`` were written to shared memory: as Triton, they are described
+    (name, datatype, shape) without data.
+    """
     rendered: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     non_finite: list[bytes] = []  # JSON text of data orjson would write with nulls
@@ -272,7 +317,9 @@ def render_infer_response(
             "datatype": tensor.datatype,
             "shape": list(tensor.shape),
         }
-        if binary or tensor.datatype == datatypes.BF16:
+        if name in shared:
+            pass  # the data lies in the client's region
+        elif binary or tensor.datatype == datatypes.BF16:
             item["parameters"] = {"binary_data_size": len(tensor.data)}
             chunks.append(tensor.data)
         else:
@@ -300,6 +347,8 @@ def _json_data(tensor: Tensor, non_finite: list[bytes]) -> Any:
     return array
 
 
+# A parse without a registry: any region named is unknown.
+_NO_SHARED_MEMORY = SharedMemoryRegistry(0, 0)
 _PLACEHOLDER = f"\x00weir-non-finite-{secrets.token_hex(8)}-"
 
 

@@ -28,7 +28,9 @@ from gateway.codec import (
     Precheck,
     RequestedOutput,
     class_count,
+    shared_output,
 )
+from gateway.shared_memory import SharedMemoryRegistry, input_tensor
 from weir import datatypes
 from weir.errors import InvalidInput
 from weir.tensors import Tensor
@@ -46,38 +48,67 @@ CONTENTS_FIELDS: dict[str, tuple[str, np.dtype[Any]]] = {
 }
 BYTES_FIELD = "bytes_contents"
 CONTENTS_NAMES = frozenset({field for field, _ in CONTENTS_FIELDS.values()} | {BYTES_FIELD})
-# Parameters that ask for Triton's shared-memory extension, which Weir does not implement.
-SHARED_MEMORY_PREFIX = "shared_memory_"
 
 
-def parse_infer_request(request: Any, precheck: Precheck | None = None) -> InferBody:
+def parse_infer_request(
+    request: Any, precheck: Precheck | None = None, shm: SharedMemoryRegistry | None = None
+) -> InferBody:
     """An InferBody from a ``ModelInferRequest``; every problem is an InvalidInput.
 
     ``precheck`` runs on each input's name, datatype and shape before its data is decoded.
+    As Triton, ``raw_input_contents`` holds one entry per input not in shared memory (found
+    in ``shm``), in order.
     """
     if not request.inputs:
         raise InvalidInput("request has no inputs")
-    raw = list(request.raw_input_contents)
-    if raw and len(raw) != len(request.inputs):
-        raise InvalidInput(
-            f"request has {len(raw)} raw_input_contents for {len(request.inputs)} inputs; "
-            "raw_input_contents needs one entry per input, in order"
-        )
+    shm = SharedMemoryRegistry(0, 0) if shm is None else shm
+    raw = _RawContents(request)
     inputs: dict[str, Tensor] = {}
-    for index, tensor in enumerate(request.inputs):
-        name, parsed = _parse_input(tensor, raw[index] if raw else None, precheck)
+    for tensor in request.inputs:
+        name, parsed = _parse_input(tensor, raw, precheck, shm)
         if name in inputs:
             raise InvalidInput(f"input '{name}' appears more than once")
         inputs[name] = parsed
+    raw.check_consumed()
     return InferBody(
         inputs=inputs,
-        outputs=[_parse_output(output) for output in request.outputs],
+        outputs=[_parse_output(output, shm) for output in request.outputs],
         parameters=_parameters(request.parameters, "request"),
         id=request.id or None,
     )
 
 
-def _parse_input(tensor: Any, raw: bytes | None, precheck: Precheck | None) -> tuple[str, Tensor]:
+class _RawContents:
+    """Hands out ``raw_input_contents`` to the inputs that take them, in order."""
+
+    def __init__(self, request: Any) -> None:
+        self.entries: list[bytes] = list(request.raw_input_contents)
+        self.inputs = len(request.inputs)
+        self.taken = 0
+
+    def take(self) -> bytes | None:
+        """The next entry; None when the request sends none (typed contents instead)."""
+        if not self.entries:
+            return None
+        if self.taken == len(self.entries):
+            raise self._mismatch()
+        self.taken += 1
+        return self.entries[self.taken - 1]
+
+    def check_consumed(self) -> None:
+        if self.taken != len(self.entries):
+            raise self._mismatch()
+
+    def _mismatch(self) -> InvalidInput:
+        return InvalidInput(
+            f"request has {len(self.entries)} raw_input_contents for {self.inputs} inputs; "
+            "raw_input_contents needs one entry per input not in shared memory, in order"
+        )
+
+
+def _parse_input(
+    tensor: Any, contents: _RawContents, precheck: Precheck | None, shm: SharedMemoryRegistry
+) -> tuple[str, Tensor]:
     name = tensor.name
     if not name:
         raise InvalidInput("every input needs a name")
@@ -85,20 +116,28 @@ def _parse_input(tensor: Any, raw: bytes | None, precheck: Precheck | None) -> t
     if datatype not in datatypes.DATATYPES:
         raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
     shape = _shape(name, tensor.shape)
-    _parameters(tensor.parameters, f"input '{name}'")
+    parameters = _parameters(tensor.parameters, f"input '{name}'")
     if precheck is not None:
         precheck(name, datatype, shape)
+    ref = shm.locate(f"input '{name}'", parameters)
+    if ref is not None:
+        shared = input_tensor(ref, name, datatype, shape, tensor.HasField("contents"))
+        return name, _checked(name, shared)
+    raw = contents.take()
     if raw is None:
         # Sized and framed here from the counted elements: nothing left to check.
         return name, Tensor(datatype, shape, _from_contents(name, datatype, shape, tensor.contents))
     if tensor.HasField("contents"):
         raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
-    parsed = Tensor(datatype, shape, raw)
+    return name, _checked(name, Tensor(datatype, shape, raw))
+
+
+def _checked(name: str, tensor: Tensor) -> Tensor:
     try:
-        parsed.check_size()
+        tensor.check_size()
     except InvalidInput as exc:
         raise InvalidInput(f"input '{name}': {exc.message}") from None
-    return name, parsed
+    return tensor
 
 
 def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:
@@ -203,24 +242,20 @@ def _check_count(name: str, shape: tuple[int, ...], field: str, found: int) -> N
         )
 
 
-def _parse_output(output: Any) -> RequestedOutput:
-    if not output.name:
+def _parse_output(output: Any, shm: SharedMemoryRegistry) -> RequestedOutput:
+    name = output.name
+    if not name:
         raise InvalidInput("every requested output needs a name")
-    parameters = _parameters(output.parameters, f"output '{output.name}'")
-    return RequestedOutput(
-        output.name, classification=class_count(output.name, parameters.get("classification"))
-    )
+    parameters = _parameters(output.parameters, f"output '{name}'")
+    count = class_count(name, parameters.get("classification"))
+    ref = shared_output(shm, name, parameters, count, False)
+    return RequestedOutput(name, classification=count, shm=ref)
 
 
 def _parameters(parameters: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Plain values of a map of ``InferParameter``; shared memory is refused."""
+    """Plain values of a map of ``InferParameter``."""
     plain: dict[str, Any] = {}
     for key, parameter in parameters.items():
-        if key.startswith(SHARED_MEMORY_PREFIX):
-            raise InvalidInput(
-                f"{where}: parameter '{key}': Weir does not implement the shared-memory "
-                "extension; send tensor data in the request"
-            )
         choice = parameter.WhichOneof("parameter_choice")
         if choice is None:
             raise InvalidInput(f"{where}: parameter '{key}' has no value")
@@ -229,15 +264,23 @@ def _parameters(parameters: Mapping[str, Any], where: str) -> dict[str, Any]:
 
 
 def render_infer_response(
-    model: str, version: str, request_id: str, outputs: list[tuple[str, Tensor]]
+    model: str,
+    version: str,
+    request_id: str,
+    outputs: list[tuple[str, Tensor]],
+    shared: frozenset[str] = frozenset(),
 ) -> Any:
-    """A ``ModelInferResponse`` with every output's data in ``raw_output_contents``."""
+    """A ``ModelInferResponse`` with every output's data in ``raw_output_contents``.
+
+    As Triton, an output written to shared memory (named in ``shared``) is described with an
+    empty entry, so every output keeps its index.
+    """
     response = service_pb2.ModelInferResponse(
         model_name=model, model_version=version, id=request_id
     )
     for name, tensor in outputs:
         response.outputs.add(name=name, datatype=tensor.datatype, shape=tensor.shape)
-        response.raw_output_contents.append(tensor.data)
+        response.raw_output_contents.append(b"" if name in shared else tensor.data)
     return response
 
 

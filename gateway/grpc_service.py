@@ -6,8 +6,10 @@ statistics from :mod:`gateway.metadata`, inference through
 :func:`gateway.inference.execute` (validation, admission, deadline) with the same metrics.
 A :class:`~weir.errors.WeirError` becomes the gRPC status Triton would send, with the
 message HTTP would give. The same bearer tokens guard the same calls, read from the
-``authorization`` metadata entry. Calls Weir does not implement (model control, shared
-memory, trace and log settings) answer UNIMPLEMENTED, naming what is missing.
+``authorization`` metadata entry. System shared memory is answered from the process's
+registry (:mod:`gateway.shared_memory`); CUDA shared memory answers UNAVAILABLE. Calls Weir
+does not implement (model control, trace and log settings) answer UNIMPLEMENTED, naming what
+is missing.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway import grpc_codec, health, metadata
+from gateway import grpc_codec, health, metadata, shared_memory
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.codec import InferBody
 from gateway.inference import execute
+from gateway.shared_memory import RegionExists
+from gateway.shared_memory_routes import CUDA_UNAVAILABLE
 from gateway.state import GatewayState
 from gateway.validation import precheck_input
 from weir.errors import ErrorKind, NotFound, ServerError, WeirError
@@ -53,6 +57,8 @@ Handler = Callable[[Any, Any, Any], Awaitable[Any]]
 
 
 def grpc_status(error: WeirError) -> grpc.StatusCode:
+    if isinstance(error, RegionExists):  # HTTP's 400, as Triton; its own code over gRPC
+        return grpc.StatusCode.ALREADY_EXISTS
     return GRPC_STATUS.get(error.kind, grpc.StatusCode.INTERNAL)
 
 
@@ -82,6 +88,10 @@ def _unimplemented(what: str) -> Handler:
         )
 
     return handler
+
+
+async def _cuda_unavailable(self: Any, request: Any, context: Any) -> None:
+    await context.abort(grpc.StatusCode.UNAVAILABLE, CUDA_UNAVAILABLE)
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type: ignore[misc]
@@ -184,9 +194,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         entry, version = state.repository.resolve(request.model_name, request.model_version)
         precheck = functools.partial(precheck_input, entry.config)
         try:
-            body = grpc_codec.parse_infer_request(request, precheck)
+            body = grpc_codec.parse_infer_request(request, precheck, state.shared_memory)
             _client_deadline(body, remaining_s)
             reply = await execute(state, entry, version, body)
+            shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
         except WeirError as exc:
             state.metrics.failed(entry.name, version, exc.kind)
             raise
@@ -196,7 +207,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             raise
         state.metrics.answered(entry.name, version, reply)
         outputs = grpc_codec.select_outputs(body, reply.outputs)
-        return grpc_codec.render_infer_response(entry.name, version, request.id, outputs)
+        return grpc_codec.render_infer_response(entry.name, version, request.id, outputs, shared)
+
+    @_answers_errors
+    async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        response = service_pb2.SystemSharedMemoryStatusResponse()
+        for region in self.state.shared_memory.status(request.name or None):
+            response.regions[region["name"]].CopyFrom(
+                service_pb2.SystemSharedMemoryStatusResponse.RegionStatus(**region)
+            )
+        return response
+
+    @_answers_errors
+    async def SystemSharedMemoryRegister(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        self.state.shared_memory.register(
+            request.name, request.key, request.offset, request.byte_size
+        )
+        return service_pb2.SystemSharedMemoryRegisterResponse()
+
+    @_answers_errors
+    async def SystemSharedMemoryUnregister(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        self.state.shared_memory.unregister(request.name or None)
+        return service_pb2.SystemSharedMemoryUnregisterResponse()
 
     def _authorize(self, context: Any, scope: Scope) -> None:
         token = required_token(self.state.settings, scope)
@@ -205,12 +240,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     RepositoryModelLoad = _unimplemented("model loading (the repository is read at start)")
     RepositoryModelUnload = _unimplemented("model unloading (the repository is read at start)")
-    SystemSharedMemoryStatus = _unimplemented("the system shared-memory extension")
-    SystemSharedMemoryRegister = _unimplemented("the system shared-memory extension")
-    SystemSharedMemoryUnregister = _unimplemented("the system shared-memory extension")
-    CudaSharedMemoryStatus = _unimplemented("the CUDA shared-memory extension")
-    CudaSharedMemoryRegister = _unimplemented("the CUDA shared-memory extension")
-    CudaSharedMemoryUnregister = _unimplemented("the CUDA shared-memory extension")
+    CudaSharedMemoryStatus = _cuda_unavailable
+    CudaSharedMemoryRegister = _cuda_unavailable
+    CudaSharedMemoryUnregister = _cuda_unavailable
     TraceSetting = _unimplemented("the trace extension")
     LogSettings = _unimplemented("the logging extension")
 

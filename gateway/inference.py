@@ -14,7 +14,7 @@ import functools
 from starlette.requests import Request
 from starlette.responses import Response
 
-from gateway import classification, codec, compression
+from gateway import classification, codec, compression, shared_memory
 from gateway.codec import InferBody
 from gateway.compression import BoundedDecoder, Coding
 from gateway.raw_binary import parse_raw_body
@@ -38,14 +38,15 @@ async def run_infer(
     entry, version = state.repository.resolve(model, version)
     try:
         raw = await _read_body(request, state.settings.body_limit_bytes)
-        body = _parse_body(entry, raw, _header_length(request))
+        body = _parse_body(state, entry, raw, _header_length(request))
         reply = await execute(state, entry, version, body)
+        shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
     except WeirError as exc:
         state.metrics.failed(entry.name, version, exc.kind)
         raise
     state.metrics.answered(entry.name, version, reply)
     content, header_length = codec.render_infer_response(
-        entry.name, version, body.id, _outputs(body, reply.outputs)
+        entry.name, version, body.id, _outputs(body, reply.outputs), shared
     )
     return await _response(request, content, header_length)
 
@@ -84,11 +85,13 @@ def _header_length(request: Request) -> int | None:
     return int(raw)
 
 
-def _parse_body(entry: ModelEntry, raw: bytes, header_length: int | None) -> InferBody:
+def _parse_body(
+    state: GatewayState, entry: ModelEntry, raw: bytes, header_length: int | None
+) -> InferBody:
     if header_length == 0:  # Triton's raw binary request: the body is the one input's data
         return parse_raw_body(entry.config, raw)
     precheck = functools.partial(precheck_input, entry.config)
-    return codec.parse_infer_body(raw, header_length, precheck)
+    return codec.parse_infer_body(raw, header_length, precheck, state.shared_memory)
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:

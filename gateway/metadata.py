@@ -18,6 +18,7 @@ EXTENSIONS = [
     "parameters",
     "model_configuration",
     "statistics",
+    "system_shared_memory",
 ]
 
 # The workers' counters: executions per batch size, and per batch size each phase's time.

@@ -9,6 +9,7 @@ from starlette.requests import Request
 
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
+from gateway.shared_memory import SharedMemoryRegistry
 from weir.repository import Repository
 from weir.settings import GatewaySettings
 
@@ -22,6 +23,7 @@ class GatewayState:
     redis: Redis
     mesh: MeshClient
     metrics: RequestMetrics
+    shared_memory: SharedMemoryRegistry
 
 
 STATE_KEY = "weir"

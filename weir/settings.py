@@ -66,6 +66,15 @@ class GatewaySettings(ServiceSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 503 responses")
     inference_token: SecretStr | None = Field(None, description="bearer token for inference")
     management_token: SecretStr | None = Field(None, description="bearer token for management")
+    shared_memory_max_regions: int = Field(
+        64,
+        ge=0,
+        description="system shared-memory regions one gateway process holds at once "
+        "(0: registration is refused)",
+    )
+    shared_memory_max_region_bytes: int = Field(
+        4 * 1024**3, gt=0, description="largest system shared-memory region one may register"
+    )
 
 
 class BatcherSettings(ServiceSettings):

@@ -88,8 +88,8 @@ REFUSED = [
         lambda m: m.raw_input_contents.extend([b"\x01", b"\x02"]), "2 raw_input_contents", id="raw"
     ),
     pytest.param(
-        lambda m: m.inputs[0].parameters["shared_memory_region"].string_param,
-        "shared-memory",
+        lambda m: setattr(m.inputs[0].parameters["shared_memory_region"], "int64_param", 1),
+        "Unable to parse 'shared_memory_region'",
         id="shared-memory",
     ),
     pytest.param(
