@@ -76,6 +76,7 @@ def parse_infer_body(
     header_length: int | None,
     precheck: Precheck | None = None,
     shm: SharedMemoryRegistry | None = None,
+    model: str = "",
 ) -> InferBody:
     """Parse a JSON or JSON+binary infer body; every problem is an InvalidInput.
 
@@ -92,7 +93,7 @@ def parse_infer_body(
     shm = _NO_SHARED_MEMORY if shm is None else shm
     inputs: dict[str, Tensor] = {}
     for raw in raw_inputs:
-        name, tensor = _parse_input(raw, reader, precheck, shm)
+        name, tensor = _parse_input(raw, reader, precheck, shm, model)
         if name in inputs:
             raise InvalidInput(f"input '{name}' appears more than once")
         inputs[name] = tensor
@@ -163,7 +164,11 @@ class _BinaryReader:
 
 
 def _parse_input(
-    raw: dict[str, Any], reader: _BinaryReader, precheck: Precheck | None, shm: SharedMemoryRegistry
+    raw: dict[str, Any],
+    reader: _BinaryReader,
+    precheck: Precheck | None,
+    shm: SharedMemoryRegistry,
+    model: str,
 ) -> tuple[str, Tensor]:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
@@ -175,10 +180,7 @@ def _parse_input(
     if precheck is not None:
         precheck(name, datatype, shape)
     tensor = _input_tensor(raw, name, datatype, shape, reader, shm)
-    try:
-        tensor.check_size()
-    except InvalidInput as exc:
-        raise InvalidInput(f"input '{name}': {exc.message}") from None
+    tensor.check_size(name, model)
     return name, tensor
 
 

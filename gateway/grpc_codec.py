@@ -65,7 +65,7 @@ def parse_infer_request(
     raw = _RawContents(request)
     inputs: dict[str, Tensor] = {}
     for tensor in request.inputs:
-        name, parsed = _parse_input(tensor, raw, precheck, shm)
+        name, parsed = _parse_input(tensor, raw, precheck, shm, request.model_name)
         if name in inputs:
             raise InvalidInput(f"input '{name}' appears more than once")
         inputs[name] = parsed
@@ -107,7 +107,11 @@ class _RawContents:
 
 
 def _parse_input(
-    tensor: Any, contents: _RawContents, precheck: Precheck | None, shm: SharedMemoryRegistry
+    tensor: Any,
+    contents: _RawContents,
+    precheck: Precheck | None,
+    shm: SharedMemoryRegistry,
+    model: str,
 ) -> tuple[str, Tensor]:
     name = tensor.name
     if not name:
@@ -122,22 +126,17 @@ def _parse_input(
     ref = shm.locate(f"input '{name}'", parameters)
     if ref is not None:
         shared = input_tensor(ref, name, datatype, shape, tensor.HasField("contents"))
-        return name, _checked(name, shared)
+        shared.check_size(name, model)
+        return name, shared
     raw = contents.take()
     if raw is None:
         # Sized and framed here from the counted elements: nothing left to check.
         return name, Tensor(datatype, shape, _from_contents(name, datatype, shape, tensor.contents))
     if tensor.HasField("contents"):
         raise InvalidInput(f"input '{name}' has both contents and raw_input_contents")
-    return name, _checked(name, Tensor(datatype, shape, raw))
-
-
-def _checked(name: str, tensor: Tensor) -> Tensor:
-    try:
-        tensor.check_size()
-    except InvalidInput as exc:
-        raise InvalidInput(f"input '{name}': {exc.message}") from None
-    return tensor
+    parsed = Tensor(datatype, shape, raw)
+    parsed.check_size(name, model)
+    return name, parsed
 
 
 def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:

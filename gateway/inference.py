@@ -91,7 +91,9 @@ def _parse_body(
     if header_length == 0:  # Triton's raw binary request: the body is the one input's data
         return parse_raw_body(entry.config, raw)
     precheck = functools.partial(precheck_input, entry.config)
-    return codec.parse_infer_body(raw, header_length, precheck, state.shared_memory)
+    return codec.parse_infer_body(
+        raw, header_length, precheck, state.shared_memory, model=entry.name
+    )
 
 
 async def _read_body(request: Request, limit_bytes: int) -> bytes:

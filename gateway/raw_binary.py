@@ -26,10 +26,7 @@ def parse_raw_body(config: ModelConfig, body: bytes) -> InferBody:
     shape = _deduced_shape(config, spec, len(body))
     data = datatypes.serialize_bytes([body]) if spec.datatype == datatypes.BYTES else body
     tensor = Tensor(spec.datatype, shape, data)
-    try:
-        tensor.check_size()
-    except InvalidInput as exc:
-        raise InvalidInput(f"raw input '{spec.name}' {exc.message}") from None
+    tensor.check_size(spec.name, config.name)
     return InferBody(inputs={spec.name: tensor}, parameters={"binary_data_output": True})
 
 

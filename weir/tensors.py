@@ -56,21 +56,25 @@ class Tensor:
     def from_wire(cls, raw: dict[str, Any]) -> Tensor:
         return cls(raw["datatype"], tuple(raw["shape"]), raw["data"])
 
-    def check_size(self) -> None:
-        """Raise InvalidInput unless ``data`` holds exactly ``shape``'s elements."""
+    def check_size(self, name: str = "", model: str = "") -> None:
+        """Raise InvalidInput unless ``data`` holds exactly ``shape``'s elements.
+
+        The message is Triton's, naming the input ``name`` of ``model``.
+        """
         size = datatypes.element_size(self.datatype)
+        where = f"input '{name}' for model '{model}'"
         if size is None:
             count = datatypes.count_bytes_elements(self.data)
             if count != self.element_count:
                 raise InvalidInput(
-                    f"BYTES tensor holds {count} elements, shape needs {self.element_count}"
+                    f"unexpected number of string elements {count} for inference {where}, "
+                    f"expecting {self.element_count}"
                 )
             return
         expected = self.element_count * size
         if len(self.data) != expected:
             raise InvalidInput(
-                f"holds {len(self.data)} bytes of data, shape {list(self.shape)} "
-                f"of {self.datatype} needs {expected}"
+                f"input byte size mismatch for {where}. Expected {expected}, got {len(self.data)}"
             )
 
 

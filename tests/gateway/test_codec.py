@@ -223,8 +223,8 @@ def test_binary_data_size_mismatching_shape_is_rejected_naming_the_input() -> No
     }
     raw, length = binary_body(header, bytes(8))
     message = invalid(raw, length)
-    assert "input 'A'" in message
-    assert "needs 12" in message
+    assert "input byte size mismatch for input 'A'" in message
+    assert "Expected 12, got 8" in message
 
 
 @pytest.mark.parametrize("size", [-1, 1.5, True, "4"])

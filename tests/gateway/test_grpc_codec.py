@@ -83,7 +83,11 @@ REFUSED = [
         "both contents and raw_input_contents",
         id="raw-and-typed",
     ),
-    pytest.param(lambda m: m.raw_input_contents.append(b"\x01\x02"), "holds 2 bytes", id="size"),
+    pytest.param(
+        lambda m: m.raw_input_contents.append(b"\x01\x02"),
+        "input byte size mismatch for input",
+        id="size",
+    ),
     pytest.param(
         lambda m: m.raw_input_contents.extend([b"\x01", b"\x02"]), "2 raw_input_contents", id="raw"
     ),

@@ -222,14 +222,18 @@ def test_check_size_rejects_wrong_byte_length(
     datatype: str, shape: tuple[int, ...], size: int, needs: int
 ) -> None:
     with pytest.raises(InvalidInput) as info:
-        Tensor(datatype, shape, bytes(size)).check_size()
-    assert f"holds {size} bytes" in info.value.message
-    assert f"needs {needs}" in info.value.message
+        Tensor(datatype, shape, bytes(size)).check_size("X", "m")
+    assert info.value.message == (
+        f"input byte size mismatch for input 'X' for model 'm'. Expected {needs}, got {size}"
+    )
 
 
 def test_check_size_rejects_bytes_tensor_with_wrong_count() -> None:
-    with pytest.raises(InvalidInput, match="shape needs 3"):
-        Tensor("BYTES", (3,), datatypes.serialize_bytes([b"a"])).check_size()
+    with pytest.raises(InvalidInput) as info:
+        Tensor("BYTES", (3,), datatypes.serialize_bytes([b"a"])).check_size("T", "m")
+    assert info.value.message == (
+        "unexpected number of string elements 1 for inference input 'T' for model 'm', expecting 3"
+    )
 
 
 def test_check_size_rejects_bytes_tensor_with_broken_framing() -> None:
