@@ -16,6 +16,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import httpx
 import pytest
@@ -158,3 +159,23 @@ def mesh(redis_server: RedisServer, example_repository: Path) -> Iterator[Mesh]:
     running = start_mesh(redis_server.url, example_repository)
     yield running
     running.stop()
+
+
+@pytest.fixture
+def triton_http(mesh: Mesh) -> Iterator[Any]:
+    """tritonclient's HTTP client on the session mesh."""
+    import tritonclient.http as httpclient
+
+    client = httpclient.InferenceServerClient(mesh.url.removeprefix("http://"))
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def triton_grpc(mesh: Mesh) -> Iterator[Any]:
+    """tritonclient's gRPC client on the session mesh."""
+    import tritonclient.grpc as grpcclient
+
+    client = grpcclient.InferenceServerClient(mesh.grpc_target)
+    yield client
+    client.close()

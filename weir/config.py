@@ -72,6 +72,13 @@ class InstanceKind(StrEnum):
     MODEL = "KIND_MODEL"
 
 
+def plain_filename(value: str, where: str) -> str:
+    """``value`` if it names a file directly inside ``where`` (no path, no ``..``)."""
+    if value in (".", "..") or "/" in value or "\\" in value:
+        raise ValueError(f"{value!r} must name a file in {where}")
+    return value
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -89,9 +96,7 @@ class TensorSpec(_Strict):
     @field_validator("label_filename")
     @classmethod
     def _label_file_inside(cls, value: str) -> str:
-        if value in (".", "..") or "/" in value or "\\" in value:
-            raise ValueError(f"{value!r} must name a file in the model directory")
-        return value
+        return plain_filename(value, "the model directory")
 
     @field_validator("data_type")
     @classmethod
@@ -280,9 +285,7 @@ class ModelConfig(_Strict):
     @field_validator("default_model_filename")
     @classmethod
     def _plain_filename(cls, value: str) -> str:
-        if value in (".", "..") or "/" in value or "\\" in value:
-            raise ValueError(f"{value!r} must name a file inside the version directory")
-        return value
+        return plain_filename(value, "the version directory")
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:

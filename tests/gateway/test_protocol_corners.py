@@ -34,20 +34,6 @@ def tiny_reference(build_models: ModuleType, x: np.ndarray) -> np.ndarray:
         return build_models.reference_module("tiny_mlp")(torch.from_numpy(x)).numpy()
 
 
-@pytest.fixture
-def http(mesh: Mesh) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(mesh.url.removeprefix("http://"))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc(mesh: Mesh) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(mesh.grpc_target)
-    yield client
-    client.close()
-
-
 def http_input(x: np.ndarray) -> httpclient.InferInput:
     tensor = httpclient.InferInput("INPUT0", list(x.shape), "FP32")
     tensor.set_data_from_numpy(x)
@@ -61,14 +47,14 @@ def grpc_input(x: np.ndarray) -> grpcclient.InferInput:
 
 
 def test_timeout_zero_means_no_timeout(
-    http: httpclient.InferenceServerClient,
-    grpc: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     build_models: ModuleType,
 ) -> None:
     x = tiny_input()
     expected = tiny_reference(build_models, x)
-    over_http = http.infer("tiny_mlp", [http_input(x)], timeout=0).as_numpy("OUTPUT0")
-    over_grpc = grpc.infer("tiny_mlp", [grpc_input(x)], timeout=0).as_numpy("OUTPUT0")
+    over_http = triton_http.infer("tiny_mlp", [http_input(x)], timeout=0).as_numpy("OUTPUT0")
+    over_grpc = triton_grpc.infer("tiny_mlp", [grpc_input(x)], timeout=0).as_numpy("OUTPUT0")
     np.testing.assert_allclose(over_http, expected, atol=1e-5)
     np.testing.assert_allclose(over_grpc, expected, atol=1e-5)
 
@@ -84,16 +70,16 @@ def test_a_negative_timeout_is_refused(mesh: Mesh) -> None:
 
 
 def test_a_duplicate_requested_output_is_a_400(
-    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+    triton_http: httpclient.InferenceServerClient, triton_grpc: grpcclient.InferenceServerClient
 ) -> None:
     x = tiny_input()
     twice = [httpclient.InferRequestedOutput("OUTPUT0")] * 2
     with pytest.raises(InferenceServerException) as info:
-        http.infer("tiny_mlp", [http_input(x)], outputs=twice)
+        triton_http.infer("tiny_mlp", [http_input(x)], outputs=twice)
     assert info.value.status() == "400"
     assert "output 'OUTPUT0' is requested more than once" in info.value.message()
     with pytest.raises(InferenceServerException, match="more than once"):
-        grpc.infer(
+        triton_grpc.infer(
             "tiny_mlp", [grpc_input(x)], outputs=[grpcclient.InferRequestedOutput("OUTPUT0")] * 2
         )
 
@@ -110,29 +96,31 @@ def expected_classes(
 
 
 def test_classification_returns_the_top_classes_over_http_and_grpc(
-    http: httpclient.InferenceServerClient,
-    grpc: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     build_models: ModuleType,
 ) -> None:
     x = tiny_input(rows=3)
     want = expected_classes(tiny_reference(build_models, x), 5)
     for binary in (True, False):
         wanted = httpclient.InferRequestedOutput("OUTPUT0", binary_data=binary, class_count=5)
-        result = http.infer("tiny_mlp", [http_input(x)], outputs=[wanted])
+        result = triton_http.infer("tiny_mlp", [http_input(x)], outputs=[wanted])
         classes = result.as_numpy("OUTPUT0")
         assert classes.shape == (3, 5)
         assert [[c if isinstance(c, bytes) else c.encode() for c in row] for row in classes] == want
     wanted_grpc = grpcclient.InferRequestedOutput("OUTPUT0", class_count=5)
-    classes = grpc.infer("tiny_mlp", [grpc_input(x)], outputs=[wanted_grpc]).as_numpy("OUTPUT0")
+    classes = triton_grpc.infer("tiny_mlp", [grpc_input(x)], outputs=[wanted_grpc]).as_numpy(
+        "OUTPUT0"
+    )
     assert classes.tolist() == want
 
 
 def test_classification_of_more_classes_than_values_gives_every_value(
-    http: httpclient.InferenceServerClient, build_models: ModuleType
+    triton_http: httpclient.InferenceServerClient, build_models: ModuleType
 ) -> None:
     x = tiny_input(rows=1)
     wanted = httpclient.InferRequestedOutput("OUTPUT0", class_count=100)
-    classes = http.infer("tiny_mlp", [http_input(x)], outputs=[wanted]).as_numpy("OUTPUT0")
+    classes = triton_http.infer("tiny_mlp", [http_input(x)], outputs=[wanted]).as_numpy("OUTPUT0")
     assert classes.shape == (1, 16)
 
 
@@ -180,18 +168,18 @@ def test_classification_of_a_bytes_output_is_refused_as_triton_does() -> None:
 
 
 def test_errors_use_tritons_words(
-    http: httpclient.InferenceServerClient, grpc: grpcclient.InferenceServerClient
+    triton_http: httpclient.InferenceServerClient, triton_grpc: grpcclient.InferenceServerClient
 ) -> None:
     x = tiny_input()
     with pytest.raises(InferenceServerException) as info:
-        http.infer("no_such_model", [http_input(x)])
+        triton_http.infer("no_such_model", [http_input(x)])
     assert info.value.message() == "Request for unknown model: 'no_such_model' is not found"
     with pytest.raises(InferenceServerException) as info:
-        grpc.infer("tiny_mlp", [grpc_input(x)], model_version="7")
+        triton_grpc.infer("tiny_mlp", [grpc_input(x)], model_version="7")
     assert "Request for unknown model: 'tiny_mlp' version 7 is not found" in info.value.message()
     narrow = np.zeros((1, 8), dtype=np.float32)
     with pytest.raises(InferenceServerException) as info:
-        http.infer("tiny_mlp", [http_input(narrow)])
+        triton_http.infer("tiny_mlp", [http_input(narrow)])
     assert info.value.message().startswith(
         "unexpected shape for input 'INPUT0' for model 'tiny_mlp'. Expected [-1,64], got [1,8]"
     )

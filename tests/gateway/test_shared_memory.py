@@ -33,20 +33,6 @@ OUTPUT_OFFSET = 64  # the output lies past the start of its region
 
 
 @pytest.fixture
-def http(mesh: Mesh) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(mesh.url.removeprefix("http://"))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc_client(mesh: Mesh) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(mesh.grpc_target)
-    yield client
-    client.close()
-
-
-@pytest.fixture
 def unique() -> str:
     return uuid.uuid4().hex[:12]
 
@@ -121,11 +107,11 @@ def output_of(handle: Any) -> np.ndarray:
 
 
 def test_http_reads_inputs_from_and_writes_outputs_to_shared_memory(
-    http: httpclient.InferenceServerClient, build_models: ModuleType, unique: str
+    triton_http: httpclient.InferenceServerClient, build_models: ModuleType, unique: str
 ) -> None:
     x = rows(1)
-    with registered_pair(http, unique, x) as (inp, out, out_handle):
-        result = http_shm_infer(http, inp, out)
+    with registered_pair(triton_http, unique, x) as (inp, out, out_handle):
+        result = http_shm_infer(triton_http, inp, out)
         # As Triton: the output is described, its data is in the region alone.
         assert result.get_output("OUTPUT0") == {
             "name": "OUTPUT0",
@@ -136,22 +122,22 @@ def test_http_reads_inputs_from_and_writes_outputs_to_shared_memory(
 
 
 def test_http_input_in_shared_memory_with_the_output_in_the_response(
-    http: httpclient.InferenceServerClient, build_models: ModuleType, unique: str
+    triton_http: httpclient.InferenceServerClient, build_models: ModuleType, unique: str
 ) -> None:
     x = rows(2)
-    with registered_pair(http, unique, x) as (inp, _, _):
-        result = http_shm_infer(http, inp, None)
+    with registered_pair(triton_http, unique, x) as (inp, _, _):
+        result = http_shm_infer(triton_http, inp, None)
         np.testing.assert_allclose(
             result.as_numpy("OUTPUT0"), reference(build_models, x), atol=1e-4
         )
 
 
 def test_grpc_reads_inputs_from_and_writes_outputs_to_shared_memory(
-    grpc_client: grpcclient.InferenceServerClient, build_models: ModuleType, unique: str
+    triton_grpc: grpcclient.InferenceServerClient, build_models: ModuleType, unique: str
 ) -> None:
     x = rows(3)
-    with registered_pair(grpc_client, unique, x) as (inp, out, out_handle):
-        result = grpc_shm_infer(grpc_client, inp, out)
+    with registered_pair(triton_grpc, unique, x) as (inp, out, out_handle):
+        result = grpc_shm_infer(triton_grpc, inp, out)
         response = result.get_response()
         (output,) = response.outputs
         assert (output.name, output.datatype, list(output.shape)) == ("OUTPUT0", "FP32", [ROWS, 16])
@@ -160,25 +146,25 @@ def test_grpc_reads_inputs_from_and_writes_outputs_to_shared_memory(
 
 
 def test_grpc_mixes_a_shared_input_with_outputs_in_the_response(
-    grpc_client: grpcclient.InferenceServerClient, build_models: ModuleType, unique: str
+    triton_grpc: grpcclient.InferenceServerClient, build_models: ModuleType, unique: str
 ) -> None:
     x = rows(4)
-    with registered_pair(grpc_client, unique, x) as (inp, _, _):
-        result = grpc_shm_infer(grpc_client, inp, None)
+    with registered_pair(triton_grpc, unique, x) as (inp, _, _):
+        result = grpc_shm_infer(triton_grpc, inp, None)
         np.testing.assert_allclose(
             result.as_numpy("OUTPUT0"), reference(build_models, x), atol=1e-4
         )
 
 
 def test_a_region_registered_over_http_serves_grpc(
-    http: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     build_models: ModuleType,
     unique: str,
 ) -> None:
     x = rows(5)
-    with registered_pair(http, unique, x) as (inp, out, out_handle):
-        grpc_shm_infer(grpc_client, inp, out)
+    with registered_pair(triton_http, unique, x) as (inp, out, out_handle):
+        grpc_shm_infer(triton_grpc, inp, out)
         np.testing.assert_allclose(output_of(out_handle), reference(build_models, x), atol=1e-4)
 
 
@@ -186,175 +172,183 @@ def test_a_region_registered_over_http_serves_grpc(
 
 
 def test_status_lists_the_region_and_unregister_removes_it(
-    http: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     unique: str,
 ) -> None:
     name, key = f"st_{unique}", f"/st_{unique}"
     with shm_object(key, 4096):
-        http.register_system_shared_memory(name, key, 1024, offset=2048)
+        triton_http.register_system_shared_memory(name, key, 1024, offset=2048)
         want = {"name": name, "key": key, "offset": 2048, "byte_size": 1024}
-        assert want in http.get_system_shared_memory_status()
-        assert http.get_system_shared_memory_status(name) == [want]
-        status = grpc_client.get_system_shared_memory_status(name, as_json=True)
+        assert want in triton_http.get_system_shared_memory_status()
+        assert triton_http.get_system_shared_memory_status(name) == [want]
+        status = triton_grpc.get_system_shared_memory_status(name, as_json=True)
         assert status["regions"][name] == {**want, "offset": "2048", "byte_size": "1024"}
-        http.unregister_system_shared_memory(name)
-        assert all(region["name"] != name for region in http.get_system_shared_memory_status())
-        error = raises(lambda: http.get_system_shared_memory_status(name))
+        triton_http.unregister_system_shared_memory(name)
+        assert all(
+            region["name"] != name for region in triton_http.get_system_shared_memory_status()
+        )
+        error = raises(lambda: triton_http.get_system_shared_memory_status(name))
         assert error.status() == "404"
         assert f"Unable to find system shared memory region: '{name}'" in error.message()
-        grpc_error = raises(lambda: grpc_client.get_system_shared_memory_status(name))
+        grpc_error = raises(lambda: triton_grpc.get_system_shared_memory_status(name))
         assert grpc_error.status() == str(grpc.StatusCode.NOT_FOUND)
-        http.unregister_system_shared_memory(name)  # as Triton: an unknown name is no error
+        triton_http.unregister_system_shared_memory(name)  # as Triton: an unknown name is no error
 
 
 def test_unregister_all_over_grpc(
-    http: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     unique: str,
 ) -> None:
     key = f"/all_{unique}"
     with shm_object(key, 4096):
-        grpc_client.register_system_shared_memory(f"a_{unique}", key, 4096)
-        grpc_client.register_system_shared_memory(f"b_{unique}", key, 1024, offset=1024)
-        assert len(grpc_client.get_system_shared_memory_status().regions) >= 2
-        grpc_client.unregister_system_shared_memory()
-        assert http.get_system_shared_memory_status() == []
+        triton_grpc.register_system_shared_memory(f"a_{unique}", key, 4096)
+        triton_grpc.register_system_shared_memory(f"b_{unique}", key, 1024, offset=1024)
+        assert len(triton_grpc.get_system_shared_memory_status().regions) >= 2
+        triton_grpc.unregister_system_shared_memory()
+        assert triton_http.get_system_shared_memory_status() == []
 
 
 # --- errors ------------------------------------------------------------------------------------
 
 
 def test_an_unknown_region_is_not_found(
-    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient
+    triton_http: httpclient.InferenceServerClient, triton_grpc: grpcclient.InferenceServerClient
 ) -> None:
-    error = raises(lambda: http_shm_infer(http, "no_such_region", None))
+    error = raises(lambda: http_shm_infer(triton_http, "no_such_region", None))
     assert error.status() == "404"
     assert "Unable to find shared memory region: 'no_such_region'" in error.message()
-    grpc_error = raises(lambda: grpc_shm_infer(grpc_client, "no_such_region", None))
+    grpc_error = raises(lambda: grpc_shm_infer(triton_grpc, "no_such_region", None))
     assert grpc_error.status() == str(grpc.StatusCode.NOT_FOUND)
 
 
 def test_an_offset_and_size_past_the_region_are_refused(
-    http: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     unique: str,
 ) -> None:
     name, key = f"small_{unique}", f"/small_{unique}"
     with shm_object(key, INPUT_BYTES):
-        http.register_system_shared_memory(name, key, INPUT_BYTES - 4)
+        triton_http.register_system_shared_memory(name, key, INPUT_BYTES - 4)
         try:
-            error = raises(lambda: http_shm_infer(http, name, None))
+            error = raises(lambda: http_shm_infer(triton_http, name, None))
             assert error.status() == "400"
             assert f"Invalid offset + byte size for shared memory region: '{name}'" in str(error)
-            grpc_error = raises(lambda: grpc_shm_infer(grpc_client, name, None))
+            grpc_error = raises(lambda: grpc_shm_infer(triton_grpc, name, None))
             assert grpc_error.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
             # A window past the end of the object is refused at registration.
             past = raises(
-                lambda: http.register_system_shared_memory("past", key, 64, offset=INPUT_BYTES)
+                lambda: triton_http.register_system_shared_memory(
+                    "past", key, 64, offset=INPUT_BYTES
+                )
             )
             assert "failed to register shared memory region 'past': invalid args" in str(past)
         finally:
-            http.unregister_system_shared_memory(name)
+            triton_http.unregister_system_shared_memory(name)
 
 
 def test_an_output_region_too_small_for_the_output_is_refused(
-    http: httpclient.InferenceServerClient, unique: str
+    triton_http: httpclient.InferenceServerClient, unique: str
 ) -> None:
     x = rows(6)
-    with registered_pair(http, unique, x) as (inp, out, _):
+    with registered_pair(triton_http, unique, x) as (inp, out, _):
         tensor = httpclient.InferInput("INPUT0", [ROWS, 64], "FP32")
         tensor.set_shared_memory(inp, INPUT_BYTES)
         output = httpclient.InferRequestedOutput("OUTPUT0")
         output.set_shared_memory(out, OUTPUT_BYTES - 4)
-        error = raises(lambda: http.infer("tiny_mlp", [tensor], outputs=[output]))
+        error = raises(lambda: triton_http.infer("tiny_mlp", [tensor], outputs=[output]))
         assert f"({OUTPUT_BYTES - 4} bytes) should be at least {OUTPUT_BYTES} bytes" in str(error)
 
 
 @pytest.mark.parametrize("key", ["/../etc/passwd", "../etc/passwd", "/a/b", "/..", "", "//x"])
 def test_a_key_that_is_not_a_shm_name_is_refused(
-    http: httpclient.InferenceServerClient, grpc_client: grpcclient.InferenceServerClient, key: str
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
+    key: str,
 ) -> None:
-    error = raises(lambda: http.register_system_shared_memory("bad_key", key, 16))
+    error = raises(lambda: triton_http.register_system_shared_memory("bad_key", key, 16))
     assert error.status() == "400"
     assert "is not a POSIX shared-memory name" in str(error)
-    grpc_error = raises(lambda: grpc_client.register_system_shared_memory("bad_key", key, 16))
+    grpc_error = raises(lambda: triton_grpc.register_system_shared_memory("bad_key", key, 16))
     assert grpc_error.status() == str(grpc.StatusCode.INVALID_ARGUMENT)
-    assert all(r["name"] != "bad_key" for r in http.get_system_shared_memory_status())
+    assert all(r["name"] != "bad_key" for r in triton_http.get_system_shared_memory_status())
 
 
-def test_a_key_with_no_shm_object_is_refused(http: httpclient.InferenceServerClient) -> None:
-    error = raises(lambda: http.register_system_shared_memory("absent", "/weir_absent_key", 16))
+def test_a_key_with_no_shm_object_is_refused(triton_http: httpclient.InferenceServerClient) -> None:
+    error = raises(
+        lambda: triton_http.register_system_shared_memory("absent", "/weir_absent_key", 16)
+    )
     assert "Unable to open shared memory region: '/weir_absent_key'" in str(error)
 
 
 def test_registering_a_name_twice_is_an_error(
-    http: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     unique: str,
 ) -> None:
     name, key = f"twice_{unique}", f"/twice_{unique}"
     with shm_object(key, 1024):
-        http.register_system_shared_memory(name, key, 1024)
+        triton_http.register_system_shared_memory(name, key, 1024)
         try:
-            error = raises(lambda: http.register_system_shared_memory(name, key, 512))
+            error = raises(lambda: triton_http.register_system_shared_memory(name, key, 512))
             assert error.status() == "400"
             assert f"shared memory region '{name}' already in manager" in str(error)
-            grpc_error = raises(lambda: grpc_client.register_system_shared_memory(name, key, 512))
+            grpc_error = raises(lambda: triton_grpc.register_system_shared_memory(name, key, 512))
             assert grpc_error.status() == str(grpc.StatusCode.ALREADY_EXISTS)
         finally:
-            http.unregister_system_shared_memory(name)
+            triton_http.unregister_system_shared_memory(name)
 
 
 def test_a_region_whose_object_the_client_removed_is_a_clear_error(
-    http: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
     unique: str,
 ) -> None:
     name, key = f"gone_{unique}", f"/gone_{unique}"
     with shm_object(key, INPUT_BYTES) as handle:
         shm.set_shared_memory_region(handle, [rows(7)])
-        http.register_system_shared_memory(name, key, INPUT_BYTES)
+        triton_http.register_system_shared_memory(name, key, INPUT_BYTES)
         shm.destroy_shared_memory_region(handle)  # unmapped and unlinked by the client
     try:
-        error = raises(lambda: http_shm_infer(http, name, None))
+        error = raises(lambda: http_shm_infer(triton_http, name, None))
         assert error.status() == "400"
         assert f"shared memory region '{name}': its object '{key}' was removed" in str(error)
-        grpc_error = raises(lambda: grpc_shm_infer(grpc_client, name, None))
+        grpc_error = raises(lambda: grpc_shm_infer(triton_grpc, name, None))
         assert "was removed" in str(grpc_error)
     finally:
-        http.unregister_system_shared_memory(name)
+        triton_http.unregister_system_shared_memory(name)
 
 
 def test_a_region_whose_object_shrank_is_a_clear_error(
-    http: httpclient.InferenceServerClient, unique: str
+    triton_http: httpclient.InferenceServerClient, unique: str
 ) -> None:
     name, key = f"shrunk_{unique}", f"/shrunk_{unique}"
     with shm_object(key, INPUT_BYTES):
-        http.register_system_shared_memory(name, key, INPUT_BYTES)
+        triton_http.register_system_shared_memory(name, key, INPUT_BYTES)
         try:
             os.truncate(f"/dev/shm/{key[1:]}", 16)
-            error = raises(lambda: http_shm_infer(http, name, None))
+            error = raises(lambda: http_shm_infer(triton_http, name, None))
             assert error.status() == "400"
             assert f"its object '{key}' shrank to 16 bytes" in str(error)
-            assert http.is_server_live()  # no mapped page past the end was touched
+            assert triton_http.is_server_live()  # no mapped page past the end was touched
         finally:
-            http.unregister_system_shared_memory(name)
+            triton_http.unregister_system_shared_memory(name)
 
 
 def test_cuda_shared_memory_is_unavailable_with_a_reason(
-    mesh: Mesh, grpc_client: grpcclient.InferenceServerClient
+    mesh: Mesh, triton_grpc: grpcclient.InferenceServerClient
 ) -> None:
     response = httpx.get(f"{mesh.url}/v2/cudasharedmemory/status", timeout=10)
     assert response.status_code == 503
     assert "CUDA shared memory" in response.json()["error"]
-    error = raises(grpc_client.get_cuda_shared_memory_status)
+    error = raises(triton_grpc.get_cuda_shared_memory_status)
     assert error.status() == str(grpc.StatusCode.UNAVAILABLE)
     assert "CUDA shared memory" in str(error)
 
 
-def test_server_metadata_names_the_extension(http: httpclient.InferenceServerClient) -> None:
-    assert "system_shared_memory" in http.get_server_metadata()["extensions"]
+def test_server_metadata_names_the_extension(triton_http: httpclient.InferenceServerClient) -> None:
+    assert "system_shared_memory" in triton_http.get_server_metadata()["extensions"]
 
 
 def test_the_registry_holds_to_its_limits(unique: str) -> None:

@@ -27,20 +27,6 @@ COMPUTE = ("compute_input", "compute_infer", "compute_output")
 MANAGEMENT_TOKEN = "stats-admin-secret"
 
 
-@pytest.fixture
-def http_client(mesh: Mesh) -> Iterator[httpclient.InferenceServerClient]:
-    client = httpclient.InferenceServerClient(mesh.url.removeprefix("http://"))
-    yield client
-    client.close()
-
-
-@pytest.fixture
-def grpc_client(mesh: Mesh) -> Iterator[grpcclient.InferenceServerClient]:
-    client = grpcclient.InferenceServerClient(mesh.grpc_target)
-    yield client
-    client.close()
-
-
 def tiny_input(module: ModuleType, rows: int, seed: int) -> Any:
     x = np.random.default_rng(seed).standard_normal((rows, 64), dtype=np.float32)
     tensor = module.InferInput("INPUT0", [rows, 64], "FP32")
@@ -58,15 +44,15 @@ def batches(stats: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def test_inferences_add_to_the_counts_and_times_as_triton_defines_them(
-    http_client: httpclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
 ) -> None:
-    before = tiny_stats(http_client)
+    before = tiny_stats(triton_http)
     started_ms = time.time() * 1000
     sizes = [3, 1, 2, 5]
     for seed, rows in enumerate(sizes):
-        http_client.infer("tiny_mlp", [tiny_input(httpclient, rows, seed)])
+        triton_http.infer("tiny_mlp", [tiny_input(httpclient, rows, seed)])
     finished_ms = time.time() * 1000
-    after = tiny_stats(http_client)
+    after = tiny_stats(triton_http)
 
     assert after["inference_count"] - before["inference_count"] == sum(sizes)
     executions = after["execution_count"] - before["execution_count"]
@@ -84,11 +70,11 @@ def test_inferences_add_to_the_counts_and_times_as_triton_defines_them(
 
 
 def test_batch_stats_time_each_compute_phase_per_batch_size(
-    http_client: httpclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
 ) -> None:
-    before = batches(tiny_stats(http_client))
-    http_client.infer("tiny_mlp", [tiny_input(httpclient, 7, 7)])
-    after_stats = tiny_stats(http_client)
+    before = batches(tiny_stats(triton_http))
+    triton_http.infer("tiny_mlp", [tiny_input(httpclient, 7, 7)])
+    after_stats = tiny_stats(triton_http)
     after = batches(after_stats)
 
     zero = {phase: {"count": 0, "ns": 0} for phase in COMPUTE}
@@ -112,27 +98,27 @@ def test_batch_stats_time_each_compute_phase_per_batch_size(
 
 def test_all_model_stats_list_every_served_version_of_every_model(
     mesh: Mesh,
-    http_client: httpclient.InferenceServerClient,
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_http: httpclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
 ) -> None:
     models = {path.name for path in mesh.repository.iterdir() if path.is_dir()}
-    over_http = http_client.get_inference_statistics()["model_stats"]  # GET /v2/models/stats
+    over_http = triton_http.get_inference_statistics()["model_stats"]  # GET /v2/models/stats
     assert {s["name"] for s in over_http} == models
     for stats in over_http:
-        served = http_client.get_model_metadata(stats["name"])["versions"]
+        served = triton_http.get_model_metadata(stats["name"])["versions"]
         assert stats["version"] in served, stats["name"]
-    over_grpc = grpc_client.get_inference_statistics(as_json=True)["model_stats"]
+    over_grpc = triton_grpc.get_inference_statistics(as_json=True)["model_stats"]
     assert {(s["name"], s["version"]) for s in over_grpc} == {
         (s["name"], s["version"]) for s in over_http
     }
 
 
 def test_grpc_statistics_carry_last_inference_and_batch_times(
-    grpc_client: grpcclient.InferenceServerClient,
+    triton_grpc: grpcclient.InferenceServerClient,
 ) -> None:
     started_ms = time.time() * 1000
-    grpc_client.infer("tiny_mlp", [tiny_input(grpcclient, 4, 40)])
-    (stats,) = grpc_client.get_inference_statistics("tiny_mlp").model_stats
+    triton_grpc.infer("tiny_mlp", [tiny_input(grpcclient, 4, 40)])
+    (stats,) = triton_grpc.get_inference_statistics("tiny_mlp").model_stats
     assert started_ms <= stats.last_inference <= time.time() * 1000
     (four,) = [b for b in stats.batch_stats if b.batch_size == 4]
     for phase in COMPUTE:
@@ -140,9 +126,9 @@ def test_grpc_statistics_carry_last_inference_and_batch_times(
     assert stats.inference_stats.success.ns > 0
 
 
-def test_a_model_never_run_reports_zeros(http_client: httpclient.InferenceServerClient) -> None:
+def test_a_model_never_run_reports_zeros(triton_http: httpclient.InferenceServerClient) -> None:
     # bert_mini_openvino serves in the session mesh; no test of this module runs it.
-    every = http_client.get_inference_statistics()["model_stats"]
+    every = triton_http.get_inference_statistics()["model_stats"]
     (stats,) = [s for s in every if s["name"] == "bert_mini_openvino"]
     if stats["execution_count"]:
         pytest.skip("another test ran bert_mini_openvino in this session")
