@@ -116,6 +116,12 @@ class WorkerSettings(ServiceSettings):
     trim_memory_idle_s: float = Field(
         2.0, ge=0, description="idle time before freed heap memory goes back (0: never)"
     )
+    isolation_runs: int = Field(
+        16,
+        ge=0,
+        description="extra backend calls per batch to find the requests a failed batch failed "
+        "on, so its valid requests are answered (0: a failed batch fails every request)",
+    )
     inline_compute_us: int = Field(
         300,
         ge=0,

@@ -2,7 +2,14 @@
 
 Members whose non-batch dimensions differ cannot share one tensor, so a batch runs as one
 backend call per run of members with equal shapes. Every call must return one output row
-per input row; a call that fails fails each of its members with the same error.
+per input row.
+
+A call that fails is run again in halves, so that one bad request (a token past the
+vocabulary, say) fails alone and the valid requests batched with it are answered; each
+half that fails is split again, up to ``isolation_runs`` extra calls per batch
+(``WEIR_WORKER_ISOLATION_RUNS``), after which what is still failing fails with its error.
+A failure's message names the model and the runtime's last line, never its traceback or
+serialized code, which go to the worker's log.
 """
 
 from __future__ import annotations
@@ -22,6 +29,9 @@ from workers.backends.base import ModelBackend
 
 logger = logging.getLogger(__name__)
 
+ISOLATION_RUNS = 16
+MESSAGE_CHARS = 300  # of a runtime's message, in a failed request's reply
+
 
 @dataclass(frozen=True, slots=True)
 class Execution:
@@ -38,10 +48,13 @@ class Execution:
 class BatchRunner:
     """Runs batches of one model on one backend instance."""
 
-    def __init__(self, config: ModelConfig, backend: ModelBackend) -> None:
+    def __init__(
+        self, config: ModelConfig, backend: ModelBackend, isolation_runs: int = ISOLATION_RUNS
+    ) -> None:
         self.config = config
         self.backend = backend
         self.batches = config.max_batch_size > 0
+        self.isolation_runs = isolation_runs
 
     def run(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[int]]:
         """One reply per request, in order, and the batch size of each backend call made.
@@ -58,11 +71,11 @@ class BatchRunner:
         """
         replies: list[InferReply] = []
         executions: list[Execution] = []
+        budget = [self.isolation_runs]  # extra calls left to find failing members
         for _, group in groupby(requests, key=self._shape_key):
-            members = list(group)
-            group_replies, phases_ns = self._run_group(members)
+            group_replies, group_executions = self._run_group(list(group), budget)
             replies.extend(group_replies)
-            executions.append(Execution(sum(self._rows(r) for r in members), phases_ns))
+            executions.extend(group_executions)
         return replies, executions
 
     def _shape_key(self, request: InferRequest) -> tuple[tuple[int, ...] | None, ...]:
@@ -74,16 +87,33 @@ class BatchRunner:
         )
 
     def _run_group(
-        self, members: list[InferRequest]
-    ) -> tuple[list[InferReply], tuple[int, int, int] | None]:
+        self, members: list[InferRequest], budget: list[int]
+    ) -> tuple[list[InferReply], list[Execution]]:
+        rows = sum(self._rows(r) for r in members)
         try:
-            return self._execute(members)
-        except WeirError as exc:
-            return [InferReply.failure(r, exc) for r in members], None
+            replies, phases_ns = self._execute(members)
+            return replies, [Execution(rows, phases_ns)]
         except Exception as exc:
-            logger.exception("model %s failed on a batch of %d", self.config.name, len(members))
-            error = ServerError(f"model '{self.config.name}' failed: {type(exc).__name__}: {exc}")
-            return [InferReply.failure(r, error) for r in members], None
+            error = self._error(exc, len(members), first=budget[0] == self.isolation_runs)
+        failed = Execution(rows, None)
+        if len(members) == 1 or budget[0] < 2:
+            return [InferReply.failure(r, error) for r in members], [failed]
+        budget[0] -= 2
+        half = len(members) // 2
+        left, left_runs = self._run_group(members[:half], budget)
+        right, right_runs = self._run_group(members[half:], budget)
+        return left + right, [failed, *left_runs, *right_runs]
+
+    def _error(self, exc: Exception, members: int, first: bool) -> WeirError:
+        if isinstance(exc, WeirError):
+            return exc
+        if first:  # the whole story once per batch, in the log only
+            logger.error(
+                "model %s failed on a batch of %d", self.config.name, members, exc_info=exc
+            )
+        return ServerError(
+            f"model '{self.config.name}' failed: {type(exc).__name__}: {short_message(exc)}"
+        )
 
     def _execute(
         self, members: list[InferRequest]
@@ -152,3 +182,17 @@ class BatchRunner:
                 f"config says {spec.datatype}"
             )
         return Tensor.from_numpy(array, spec.datatype)
+
+
+def short_message(exc: Exception) -> str:
+    """The runtime's own words, without a traceback or serialized code.
+
+    TorchScript puts the reason last, after the serialized code that raised it; other
+    runtimes put it first.
+    """
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    if not lines:
+        return "no message"
+    traced = any("Traceback" in line for line in lines)
+    text = lines[-1] if traced else lines[0]
+    return text if len(text) <= MESSAGE_CHARS else text[: MESSAGE_CHARS - 3] + "..."

@@ -92,7 +92,10 @@ class Worker(Service):
                     else load_backend(entry.config, path, self.threads, count)
                     for _ in range(count - 1)
                 ]
-                runners = [BatchRunner(entry.config, backend) for backend in backends]
+                runners = [
+                    BatchRunner(entry.config, backend, self.settings.isolation_runs)
+                    for backend in backends
+                ]
                 lane = WorkerLane(
                     self.link, self.group, entry, version, runners, self.settings, router
                 )

@@ -201,7 +201,7 @@ def test_backend_receives_a_writable_array() -> None:
 def test_wrong_number_of_output_rows_fails_every_member_with_internal_error() -> None:
     requests = [request(0, rows(1)), request(1, rows(3)), request(2, rows(2))]
 
-    replies, executions = BatchRunner(config(), DropsARow()).run(requests)
+    replies, executions = BatchRunner(config(), DropsARow(), isolation_runs=0).run(requests)
 
     assert executions == [6]
     assert [r.id for r in replies] == ["req-0", "req-1", "req-2"]
@@ -223,7 +223,8 @@ def test_scalar_output_for_a_batching_model_fails_the_members() -> None:
 def test_backend_exception_fails_each_member_naming_model_and_error() -> None:
     requests = [request(0, rows(1)), request(1, rows(2))]
 
-    replies, executions = BatchRunner(config(), Fails(RuntimeError("device lost"))).run(requests)
+    runner = BatchRunner(config(), Fails(RuntimeError("device lost")), isolation_runs=0)
+    replies, executions = runner.run(requests)
 
     assert executions == [3]
     assert len(replies) == 2
@@ -318,3 +319,86 @@ def test_torchscript_backend_runs_a_batch_and_splits_it(tmp_path: Path) -> None:
         out = reply.outputs["OUTPUT0"]
         assert out.datatype == "FP32"
         assert np.array_equal(out.to_numpy(), x * 2 + 1)
+
+
+# --- a failed batch finds its failing requests ----------------------------------------------
+
+
+class Embeds(torch.nn.Module):
+    """TorchScript's embedding lookup: an index past the table raises inside the model."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.table = torch.nn.Embedding(10, 2)
+
+    def forward(self, INPUT0: torch.Tensor) -> torch.Tensor:
+        return self.table(INPUT0)
+
+
+def embedding_runner(tmp_path: Path, isolation_runs: int = 16) -> BatchRunner:
+    from workers.backends import load_backend
+
+    torch.jit.script(Embeds()).save(str(tmp_path / "model.pt"))
+    embeds = ModelConfig.model_validate(
+        {
+            "name": "embeds",
+            "backend": "pytorch",
+            "max_batch_size": 16,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_INT64", "dims": [1]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [1, 2]}],
+        }
+    )
+    return BatchRunner(embeds, load_backend(embeds, tmp_path), isolation_runs)
+
+
+def token_requests(tokens: list[int]) -> list[InferRequest]:
+    return [request(i, np.array([[t]], dtype=np.int64)) for i, t in enumerate(tokens)]
+
+
+def test_one_bad_request_fails_alone_and_its_batch_mates_are_answered(tmp_path: Path) -> None:
+    runner = embedding_runner(tmp_path)
+    tokens = [1, 2, 3, 4, 99, 5, 6, 7, 8, 9, 0, 1]  # 99 is past the 10-row table
+
+    replies, executions = runner.run_batch(token_requests(tokens))
+
+    assert [r.id for r in replies] == [f"req-{i}" for i in range(len(tokens))]
+    failed = [i for i, r in enumerate(replies) if r.error is not None]
+    assert failed == [4]
+    succeeded = [e.batch_size for e in executions if e.phases_ns is not None]
+    assert sum(succeeded) == len(tokens) - 1  # every valid row ran once, in some half
+    assert len(executions) <= 1 + 16  # the failed whole, then at most the budget
+    for i, reply in enumerate(replies):
+        if i != 4:
+            assert reply.outputs["OUTPUT0"].shape == (1, 1, 2)
+
+
+def test_a_failure_reply_carries_no_traceback_or_serialized_code(tmp_path: Path) -> None:
+    runner = embedding_runner(tmp_path)
+    (reply,) = runner.run(token_requests([42]))[0]
+
+    assert reply.error is not None
+    message = reply.error[1]
+    assert message.startswith("model 'embeds' failed: ")
+    assert "index out of range" in message
+    assert "Traceback" not in message and "serialized code" not in message
+    assert str(tmp_path) not in message and ".py" not in message
+    assert len(message) < 400
+
+
+def test_isolation_stops_at_its_budget(tmp_path: Path) -> None:
+    runner = embedding_runner(tmp_path, isolation_runs=2)
+    tokens = [1, 2, 3, 99, 4, 5, 6, 7]
+
+    replies, executions = runner.run(token_requests(tokens))
+
+    # One split: the half without the bad token is answered, the other fails whole.
+    assert len(executions) == 3
+    assert [r.error is None for r in replies] == [False] * 4 + [True] * 4
+
+
+def test_no_isolation_fails_the_whole_batch(tmp_path: Path) -> None:
+    replies, executions = embedding_runner(tmp_path, isolation_runs=0).run(
+        token_requests([1, 99, 2])
+    )
+    assert executions == [3]
+    assert all(r.error is not None for r in replies)
