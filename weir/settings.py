@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from pydantic import AliasChoices, Field, SecretStr
+from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
@@ -66,6 +66,15 @@ class GatewaySettings(ServiceSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 503 responses")
     inference_token: SecretStr | None = Field(None, description="bearer token for inference")
     management_token: SecretStr | None = Field(None, description="bearer token for management")
+
+    @field_validator("inference_token", "management_token")
+    @classmethod
+    def _empty_is_unset(cls, value: SecretStr | None) -> SecretStr | None:
+        # An empty token would accept an empty bearer: it is no token at all (the gateway
+        # warns at start that inference is open).
+        if value is not None and not value.get_secret_value().strip():
+            return None
+        return value
     shared_memory_max_regions: int = Field(
         64,
         ge=0,

@@ -148,3 +148,17 @@ def test_tritonclient_sends_the_token_in_headers(auth_mesh: Mesh, build_models: 
             client.infer("tiny_mlp", [tensor])
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("empty", ["", "   "])
+def test_an_empty_token_setting_is_no_token(monkeypatch: pytest.MonkeyPatch, empty: str) -> None:
+    # Else `Authorization: Bearer ` (an empty bearer) would be let in as if it were a secret.
+    from gateway.auth import Scope, required_token
+    from weir.settings import GatewaySettings
+
+    monkeypatch.setenv("WEIR_GATEWAY_INFERENCE_TOKEN", empty)
+    monkeypatch.setenv("WEIR_GATEWAY_MANAGEMENT_TOKEN", empty)
+    settings = GatewaySettings()
+    assert settings.inference_token is None and settings.management_token is None
+    assert required_token(settings, Scope.INFERENCE) is None
+    assert required_token(settings, Scope.MANAGEMENT) is None
