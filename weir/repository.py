@@ -91,15 +91,26 @@ class Repository:
         """The model and the version to serve; a missing version means the latest served."""
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"Request for unknown model: '{name}' is not found")
+            raise NotFound(f"Request for unknown model: '{_shown(name)}' is not found")
         if not version:
             return entry, entry.latest
         if version not in entry.versions:
-            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+            raise NotFound(
+                f"Request for unknown model: '{_shown(name)}' version {_shown(version)} is not "
+                "found"
+            )
         return entry, version
 
     def __iter__(self) -> Iterator[ModelEntry]:
         return iter(self.models.values())
+
+
+SHOWN_NAME_CHARS = 128  # of a name a client sent, echoed in an error
+
+
+def _shown(name: str) -> str:
+    """A client's name as an error echoes it: cut, so an error never grows with the request."""
+    return name if len(name) <= SHOWN_NAME_CHARS else name[: SHOWN_NAME_CHARS - 3] + "..."
 
 
 def _check_inside(root: Path, entry: ModelEntry) -> None:

@@ -75,6 +75,7 @@ class GatewaySettings(ServiceSettings):
         if value is not None and not value.get_secret_value().strip():
             return None
         return value
+
     shared_memory_max_regions: int = Field(
         64,
         ge=0,

@@ -426,3 +426,15 @@ def test_a_version_directory_linking_outside_the_repository_is_refused(tmp_path:
     (root / "m" / "1").symlink_to(outside, target_is_directory=True)
     with pytest.raises(ConfigError, match="leads outside the model repository"):
         Repository.load(root)
+
+
+def test_an_unknown_name_is_echoed_cut_short(tmp_path: Path) -> None:
+    make_model(tmp_path, "m", [1])
+    repository = Repository.load(tmp_path)
+    with pytest.raises(NotFound) as info:
+        repository.resolve("x" * 100_000)
+    assert len(info.value.message) < 200
+    assert info.value.message.startswith("Request for unknown model: 'xxx")
+    with pytest.raises(NotFound) as info:
+        repository.resolve("m", "9" * 100_000)
+    assert len(info.value.message) < 200
