@@ -113,19 +113,28 @@ def test_initialize_gets_name_version_directory_config_and_parameters(tmp_path: 
     assert context.system_properties["model_dir"] == str(version_dir)
 
 
-def test_handler_exception_fails_each_request_of_the_batch(tmp_path: Path) -> None:
+def test_handler_exception_fails_only_the_request_it_failed_on(tmp_path: Path) -> None:
     runner = BatchRunner(config(), load_backend(config(), write_model(tmp_path, SHOUTER)))
     requests = [request([b"fine"]), request([b"boom"]), request([b"also fine"])]
 
     replies, _ = runner.run(requests)
 
     assert [r.id for r in replies] == [r.id for r in requests]
-    for reply in replies:
-        assert reply.error is not None and reply.outputs == {}
-        kind, message = reply.error
-        assert kind == ErrorKind.INTERNAL
-        assert "model 'shouter' failed in inference" in message
-        assert "RuntimeError: the model blew up" in message
+    fine, boom, also_fine = replies
+    assert decoded(fine.outputs["SHOUTED"]) == [b"FINE!"]
+    assert decoded(also_fine.outputs["SHOUTED"]) == [b"ALSO FINE!"]
+    assert boom.error is not None and boom.outputs == {}
+    kind, message = boom.error
+    assert kind == ErrorKind.INTERNAL
+    assert "model 'shouter' failed in inference" in message
+    assert "RuntimeError: the model blew up" in message
+
+
+def test_handler_exception_fails_the_batch_without_isolation(tmp_path: Path) -> None:
+    backend = load_backend(config(), write_model(tmp_path, SHOUTER))
+    runner = BatchRunner(config(), backend, isolation_runs=0)
+    replies, _ = runner.run([request([b"fine"]), request([b"boom"])])
+    assert all(r.error is not None for r in replies)
 
 
 def test_weir_error_from_a_handler_keeps_its_kind(tmp_path: Path) -> None:
