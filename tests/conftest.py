@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -152,6 +153,17 @@ def assert_serves_tiny_mlp(mesh: Mesh, build_models: ModuleType, rows: int, seed
     with torch.inference_mode():
         want = build_models.reference_module("tiny_mlp")(torch.from_numpy(x)).numpy()
     np.testing.assert_allclose(got, want, atol=1e-4)
+
+
+@contextmanager
+def private_mesh(repository: Path, env_extra: dict[str, str] | None = None) -> Iterator[Mesh]:
+    """A mesh on a redis-server of its own; both stop on leaving."""
+    with RedisServer() as server:
+        running = start_mesh(server.url, repository, env_extra)
+        try:
+            yield running
+        finally:
+            running.stop()
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,14 @@ from typing import Any
 from pydantic import ValidationError
 
 from weir import datatypes
-from weir.config import BACKEND_ALIASES, Backend, ModelConfig, TensorSpec, VersionPolicy
+from weir.config import (
+    BACKEND_ALIASES,
+    Backend,
+    ModelConfig,
+    TensorSpec,
+    VersionPolicy,
+    flatten_parameters,
+)
 from weir.errors import ConfigError
 from weir.onnx_file import read_onnx_signature
 from weir.openvino_file import read_openvino_signature
@@ -76,7 +83,10 @@ def complete(
     if version is None:
         return raw  # no version to read: the loader reports it
     filename = str(raw.get("default_model_filename") or DEFAULT_FILENAMES[backend])
-    signature = _as_served(backend, raw, reader(model_dir / str(version) / filename))
+    parameters = raw.get("parameters")
+    flat = flatten_parameters(parameters) if isinstance(parameters, dict) else {}
+    batch_size = int(raw.get("max_batch_size") or 0)
+    signature = _as_served(backend, batch_size, flat, reader(model_dir / str(version) / filename))
     filled = dict(raw)
     _complete_batching(filled, signature, default_max_batch_size)
     batching = int(filled.get("max_batch_size") or 0) > 0
@@ -86,16 +96,15 @@ def complete(
     return filled
 
 
-def _as_served(backend: Backend, raw: dict[str, Any], signature: ModelSignature) -> ModelSignature:
+def _as_served(
+    backend: Backend, max_batch_size: int, parameters: dict[str, str], signature: ModelSignature
+) -> ModelSignature:
     """The signature the backend serves.
 
     OpenVINO reshapes a fixed batch dimension to a dynamic one when the config batches, as
     Triton's OpenVINO backend does.
     """
-    parameters = raw.get("parameters") or {}
-    flat = {k: v.get("string_value") if isinstance(v, dict) else v for k, v in parameters.items()}
-    batching = int(raw.get("max_batch_size") or 0) > 0
-    if backend is Backend.OPENVINO and batching and not skips_dynamic_batch(flat):
+    if backend is Backend.OPENVINO and max_batch_size > 0 and not skips_dynamic_batch(parameters):
         return signature.with_dynamic_batch()
     return signature
 
@@ -153,9 +162,9 @@ def check_served(config: ModelConfig, source: Path, version_dirs: list[Path]) ->
     reader = READERS.get(config.backend)
     if reader is None:
         return
-    raw = {"max_batch_size": config.max_batch_size, "parameters": config.parameters}
     for version_dir in version_dirs:
-        signature = _as_served(config.backend, raw, reader(model_path(config, version_dir)))
+        model = reader(model_path(config, version_dir))
+        signature = _as_served(config.backend, config.max_batch_size, config.parameters, model)
         check_signature(config, source, signature)
 
 

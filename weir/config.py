@@ -276,7 +276,7 @@ class ModelConfig(_Strict):
             raise ValueError("a model config is a mapping of field names to values")
         raw = dict(raw)
         _pick_backend(raw)
-        raw["parameters"] = _flatten_parameters(raw.get("parameters") or {})
+        raw["parameters"] = flatten_parameters(raw.get("parameters") or {})
         if raw["backend"] is Backend.ENSEMBLE:
             # A pipeline runs no instances of its own: each step runs in its model's pool.
             raw.setdefault("instance_group", ())
@@ -333,7 +333,8 @@ def _pick_backend(raw: dict[str, Any]) -> None:
     raw["backend"] = resolved
 
 
-def _flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
+def flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
+    """Parameters as plain strings, from Triton's ``{key: {string_value: ...}}`` or plain."""
     # Triton writes parameters as {key: {string_value: "..."}}; plain values are accepted too.
     if not isinstance(raw, dict):
         raise ValueError("parameters must be a mapping of names to values")

@@ -21,9 +21,8 @@ import redis
 import torch
 import yaml
 
-from tests.conftest import Mesh, start_mesh, wait_until
+from tests.conftest import Mesh, private_mesh, wait_until
 from weir import names
-from weir.redis_server import RedisServer
 
 MAX_QUEUE_SIZE = 4
 BURST = 48
@@ -69,12 +68,8 @@ def admission_mesh(
     build_models: ModuleType, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Mesh]:
     repository = build_repository(build_models, tmp_path_factory.mktemp("admission"))
-    with RedisServer() as server:
-        running = start_mesh(server.url, repository, {"WEIR_WORKER_TORCH_THREADS": "1"})
-        try:
-            yield running
-        finally:
-            running.stop()
+    with private_mesh(repository, {"WEIR_WORKER_TORCH_THREADS": "1"}) as running:
+        yield running
 
 
 def infer_body(batch: np.ndarray, **parameters: Any) -> dict[str, Any]:

@@ -14,8 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import Mesh, start_mesh
-from weir.redis_server import RedisServer
+from tests.conftest import Mesh, private_mesh
 
 INFERENCE_TOKEN = "infer-secret"
 MANAGEMENT_TOKEN = "admin-secret"
@@ -35,12 +34,8 @@ def auth_mesh(build_models: ModuleType, tmp_path_factory: pytest.TempPathFactory
         "WEIR_GATEWAY_INFERENCE_TOKEN": INFERENCE_TOKEN,
         "WEIR_GATEWAY_MANAGEMENT_TOKEN": MANAGEMENT_TOKEN,
     }
-    with RedisServer() as server:
-        running = start_mesh(server.url, repository, tokens)
-        try:
-            yield running
-        finally:
-            running.stop()
+    with private_mesh(repository, tokens) as running:
+        yield running
 
 
 def tiny_input() -> np.ndarray:

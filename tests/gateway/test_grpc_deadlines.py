@@ -21,8 +21,7 @@ import tritonclient.grpc as grpcclient
 import yaml
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Mesh, start_mesh
-from weir.redis_server import RedisServer
+from tests.conftest import Mesh, private_mesh
 
 SLEEP_S = 1.5
 GRPC_TEXT = "Deadline Exceeded"  # what grpc's own deadline reports, as a Triton client sees it
@@ -68,12 +67,8 @@ def write_model(repository: Path) -> None:
 def sleeper_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     repository = tmp_path_factory.mktemp("deadlines") / "models"
     write_model(repository)
-    with RedisServer() as server:
-        running = start_mesh(server.url, repository)
-        try:
-            yield running
-        finally:
-            running.stop()
+    with private_mesh(repository) as running:
+        yield running
 
 
 @pytest.fixture

@@ -19,8 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
-from tests.conftest import Mesh, start_mesh
-from weir.redis_server import RedisServer
+from tests.conftest import Mesh, private_mesh
 
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 COMPUTE = ("compute_input", "compute_infer", "compute_output")
@@ -142,14 +141,8 @@ def guarded_mesh(
 ) -> Iterator[Mesh]:
     repository = tmp_path_factory.mktemp("stats") / "models"
     build_models.build_model(repository, "tiny_mlp")
-    with RedisServer() as server:
-        running = start_mesh(
-            server.url, repository, {"WEIR_GATEWAY_MANAGEMENT_TOKEN": MANAGEMENT_TOKEN}
-        )
-        try:
-            yield running
-        finally:
-            running.stop()
+    with private_mesh(repository, {"WEIR_GATEWAY_MANAGEMENT_TOKEN": MANAGEMENT_TOKEN}) as running:
+        yield running
 
 
 def test_all_model_stats_need_the_management_token(guarded_mesh: Mesh) -> None:

@@ -17,9 +17,8 @@ import httpx
 import pytest
 import redis
 
-from tests.conftest import ROOT, Mesh, assert_serves_tiny_mlp, start_mesh, wait_until
+from tests.conftest import ROOT, Mesh, assert_serves_tiny_mlp, private_mesh, wait_until
 from weir import names
-from weir.redis_server import RedisServer
 
 # The heartbeat TTL is 3 s and a worker beats every second, so a key left behind by a worker
 # lives at least 2 s after its last beat: readiness that drops sooner proves the worker
@@ -31,12 +30,8 @@ DROP_WITHIN_S = 1.5
 def health_mesh(build_models: ModuleType, tmp_path: Path) -> Iterator[Mesh]:
     repository = tmp_path / "models"
     build_models.build_model(repository, "tiny_mlp")
-    with RedisServer() as server:
-        running = start_mesh(server.url, repository)
-        try:
-            yield running
-        finally:
-            running.stop()
+    with private_mesh(repository) as running:
+        yield running
 
 
 def status(mesh: Mesh, path: str) -> int:

@@ -9,6 +9,7 @@ import numpy as np
 
 from weir.autocomplete import model_path
 from weir.config import ModelConfig
+from weir.errors import ConfigError
 from workers.threads import ThreadShare, available_cores
 
 
@@ -33,10 +34,12 @@ class RuntimeBackend(ModelBackend):
 
     ONNX Runtime and OpenVINO are such runtimes. ``share`` is the worker's threads; its total
     is the cores this process may use unless the worker set it. ``instances``: how many
-    instances of the model the worker runs.
+    instances of the model the worker runs. A subclass loads the model in :meth:`load`;
+    whatever the runtime raises there stops the load with the file and the runtime's reason.
     """
 
     shareable = True
+    runtime = "the runtime"  # its name, in a load error
 
     def __init__(
         self,
@@ -50,3 +53,13 @@ class RuntimeBackend(ModelBackend):
         self.share.know(available_cores())
         self.path = model_path(config, version_dir)
         self.instances = max(instances, 1)
+        try:
+            self.load()
+        except ConfigError:
+            raise
+        except Exception as exc:  # each runtime raises types of its own
+            raise ConfigError(f"{self.path}: {self.runtime} cannot load the model: {exc}") from None
+
+    @abstractmethod
+    def load(self) -> None:
+        """Load the model at ``self.path`` for ``self.config``."""

@@ -33,7 +33,6 @@ import onnxruntime as ort
 from weir.config import ModelConfig
 from weir.errors import ConfigError, InvalidInput
 from workers.backends.base import RuntimeBackend
-from workers.threads import ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -50,21 +49,12 @@ SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 class OnnxRuntimeBackend(RuntimeBackend):
     """An ONNX model in one session, shared by the model's instances."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        version_dir: Path,
-        share: ThreadShare | None = None,
-        instances: int = 1,
-    ) -> None:
-        super().__init__(config, version_dir, share, instances)
+    runtime = "ONNX Runtime"
+
+    def load(self) -> None:
+        config = self.config
         options = session_options(config, max(self.share.total // self.instances, 1))
-        try:
-            self.session = ort.InferenceSession(
-                str(self.path), options, providers=providers(config)
-            )
-        except Exception as exc:  # ORT raises its own types (InvalidProtobuf, Fail...)
-            raise ConfigError(f"{self.path}: ONNX Runtime cannot load the model: {exc}") from None
+        self.session = ort.InferenceSession(str(self.path), options, providers=providers(config))
         self.run_options = run_options(config)
         self.output_names = [spec.name for spec in config.output]
         self.feeders = _feeders(config, self.path, self.session)

@@ -36,7 +36,6 @@ from weir.autocomplete import (
 from weir.config import ModelConfig
 from weir.errors import ConfigError
 from workers.backends.base import RuntimeBackend
-from workers.threads import ThreadShare
 
 logger = logging.getLogger(__name__)
 
@@ -55,24 +54,15 @@ LEGACY_PARAMETERS: dict[str, Callable[[str], tuple[str, str]]] = {
 class OpenVinoBackend(RuntimeBackend):
     """An IR compiled once for the CPU, shared by the model's instances."""
 
-    def __init__(
-        self,
-        config: ModelConfig,
-        version_dir: Path,
-        share: ThreadShare | None = None,
-        instances: int = 1,
-    ) -> None:
-        super().__init__(config, version_dir, share, instances)
+    runtime = "OpenVINO"
+
+    def load(self) -> None:
+        config = self.config
         core = ov.Core()
-        try:
-            model = core.read_model(str(self.path))
-            _dynamic_batch(config, model)
-            properties = compile_properties(core, config, self.share.total, self.instances)
-            self.compiled = core.compile_model(model, DEVICE, properties)
-        except ConfigError:
-            raise
-        except Exception as exc:  # OpenVINO raises RuntimeError with its own message
-            raise ConfigError(f"{self.path}: OpenVINO cannot load the model: {exc}") from None
+        model = core.read_model(str(self.path))
+        _dynamic_batch(config, model)
+        properties = compile_properties(core, config, self.share.total, self.instances)
+        self.compiled = core.compile_model(model, DEVICE, properties)
         self.outputs = _output_ports(config, self.path, self.compiled)
         _check_inputs(config, self.path, self.compiled)
         self.requests: queue.SimpleQueue[ov.InferRequest] = queue.SimpleQueue()
