@@ -3,7 +3,8 @@
 ``config.yaml`` (or ``config.pbtxt``, :mod:`weir.pbtxt`) is parsed into these models; a bad
 file stops start-up with a :class:`~weir.errors.ConfigError` naming the file and the field.
 Datatypes are accepted as config names (``TYPE_FP32``) or protocol names (``FP32``) and held
-as protocol names. An ensemble's ``ensemble_scheduling`` is in :mod:`weir.config_ensemble`.
+as protocol names. An ensemble's ``ensemble_scheduling`` is in :mod:`weir.config_ensemble`,
+``model_warmup`` in :mod:`weir.config_warmup`.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from weir import datatypes
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
+from weir.config_warmup import ModelWarmup, check_warmup_fields
 from weir.errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -25,7 +27,6 @@ logger = logging.getLogger(__name__)
 # Triton fields that a config may carry and Weir does not act on yet: loaded with a warning.
 IGNORED_TRITON_FIELDS = frozenset(
     {
-        "model_warmup",
         "response_cache",
         "model_transaction_policy",
         "model_operations",
@@ -101,11 +102,7 @@ class TensorSpec(_Strict):
     @field_validator("data_type")
     @classmethod
     def _known_datatype(cls, value: str) -> str:
-        name = datatypes.CONFIG_TO_PROTOCOL.get(value, value)
-        if name not in datatypes.DATATYPES:
-            known = ", ".join(sorted(datatypes.CONFIG_TO_PROTOCOL))
-            raise ValueError(f"unknown data_type {value!r}; expected one of {known}")
-        return name
+        return datatypes.protocol_name(value)
 
     @field_validator("dims")
     @classmethod
@@ -268,6 +265,8 @@ class ModelConfig(_Strict):
     optimization: Optimization | None = None
     # The model file in each version directory; empty: the backend's (model.onnx...).
     default_model_filename: str = ""
+    # Samples each instance runs before it serves (workers.warmup).
+    model_warmup: tuple[ModelWarmup, ...] = ()
 
     @model_validator(mode="before")
     @classmethod
@@ -292,6 +291,7 @@ class ModelConfig(_Strict):
         _unique_names("input", self.input)
         _unique_names("output", self.output)
         check_ensemble_fields(self)
+        check_warmup_fields(self)
         preferred = self.dynamic_batching.preferred_batch_size if self.dynamic_batching else ()
         if preferred and max(preferred) > max(self.max_batch_size, 1):
             raise ValueError(

@@ -40,6 +40,19 @@ CONFIG_TO_PROTOCOL: dict[str, str] = {
 }
 PROTOCOL_TO_CONFIG: dict[str, str] = {v: k for k, v in CONFIG_TO_PROTOCOL.items()}
 
+
+def protocol_name(value: str) -> str:
+    """The protocol name of a config (``TYPE_FP32``) or protocol (``FP32``) datatype name.
+
+    Raises ValueError, so that a config's validator reports it against its field.
+    """
+    name = CONFIG_TO_PROTOCOL.get(value, value)
+    if name not in DATATYPES:
+        known = ", ".join(sorted(CONFIG_TO_PROTOCOL))
+        raise ValueError(f"unknown data_type {value!r}; expected one of {known}")
+    return name
+
+
 _LENGTH = struct.Struct("<I")
 
 
