@@ -46,6 +46,7 @@ class BatcherLane:
         self.group = group
         self.model = entry.name
         self.version = version
+        self.stamp = entry.stamp(version)  # the config it batches by (model control)
         self.request_stream = names.request_stream(entry.name, version)
         self.batch_stream = names.batch_stream(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
@@ -74,6 +75,12 @@ class BatcherLane:
                 fields.get(wire.REPLY_TO, b"").decode(),
             )
         )
+        self.wake.set()
+
+    def adopt_credits(self, old: BatcherLane) -> None:
+        """Take over the credits of the lane this one replaces (a new config's)."""
+        self.credits, old.credits = old.credits, 0
+        self.credit_ids, old.credit_ids = old.credit_ids, []
         self.wake.set()
 
     def add_credit(self, entry: Entry) -> None:

@@ -1,10 +1,15 @@
 """The batcher service: request streams in, batch streams out.
 
-One reader task reads every request stream and every credit stream of the repository
+One reader task reads every request stream and every credit stream of the models served
 through the ``batcher`` consumer group (many entries per ``XREADGROUP``) and hands each entry
 to its model's :class:`~batcher.lane.BatcherLane`; one dispatcher task per lane sends the
 batches. Entries left pending by a batcher that died are claimed by a live one. On SIGTERM
 the batcher stops reading and flushes what its lanes hold.
+
+In a model control mode the lanes follow the desired state (:mod:`weir.control`): a new
+(model, version) gets a lane at once, a new config replaces the lane (the old one sends what
+it holds, the new one takes its credits), and a lane no longer desired keeps batching until
+its version admits nothing and every request it accepted is answered.
 """
 
 from __future__ import annotations
@@ -19,10 +24,13 @@ from redis.exceptions import RedisError
 from batcher.lane import BatcherLane
 from weir import names
 from weir.connection import connect
+from weir.control.desired import ControlMode, DesiredState, DesiredStore
+from weir.control.follower import Follower, Retirement
+from weir.errors import ConfigError
 from weir.link import Link
 from weir.liveness import Heartbeat, live_consumers
 from weir.reclaim import Reclaimer
-from weir.repository import Repository
+from weir.repository import ModelEntry, Repository
 from weir.service import Service, TaskSet
 from weir.settings import BatcherSettings
 from weir.streams import Entry, StreamGroup, group_info
@@ -54,38 +62,115 @@ class Batcher(Service):
         )
         self.lanes: dict[str, BatcherLane] = {}
         self.routes: dict[str, tuple[BatcherLane, bool]] = {}
+        self.dispatchers: dict[BatcherLane, asyncio.Task[None]] = {}
+        self.stops: dict[BatcherLane, asyncio.Event] = {}
+        self.retiring: set[str] = set()  # request streams of lanes no longer desired
+        self.retirement = Retirement(self.redis, settings.retire_timeout_s)
+        self.trimmer = Trimmer(self.redis, names.BATCHER_GROUP, [])
+        self.follower = Follower(DesiredStore(self.redis), settings.control_refresh_s, self._follow)
         self.tasks = TaskSet()
 
     async def startup(self) -> None:
-        repository = Repository.load(self.settings.repository, self.settings.default_max_batch_size)
-        for entry in repository:
-            for version in () if entry.config.is_ensemble else entry.versions:
-                lane = BatcherLane(
-                    self.send_link,
-                    self.group,
-                    entry,
-                    version,
-                    self.settings.work_conserving,
-                    self.settings.busy_hold_s,
-                )
-                self.lanes[lane.request_stream] = lane
-                self.routes[lane.request_stream] = (lane, False)
-                self.routes[lane.credit_stream] = (lane, True)
-        await self.group.ensure(list(self.routes))
+        if self.settings.model_control_mode is ControlMode.NONE:
+            repository = Repository.load(
+                self.settings.repository, self.settings.default_max_batch_size
+            )
+        else:
+            repository = self._repository(await self.follower.first()) or self._empty()
+        await self._serve(repository)
         await self.heartbeat.beat()
         logger.info("batcher %s reading %d request streams", self.consumer, len(self.lanes))
 
+    def _empty(self) -> Repository:
+        return Repository(self.settings.repository.resolve(), {})
+
+    def _repository(self, state: DesiredState) -> Repository | None:
+        try:
+            return state.repository(self.settings.repository.resolve())
+        except ConfigError as exc:
+            logger.error("cannot serve generation %d: %s", state.generation, exc)
+            return None
+
+    async def _follow(self, state: DesiredState) -> None:
+        repository = self._repository(state)
+        if repository is not None:
+            await self._serve(repository)
+
+    async def _serve(self, repository: Repository) -> None:
+        """Lanes for what ``repository`` serves; the others retire once drained."""
+        wanted: set[str] = set()
+        for entry in repository:
+            for version in () if entry.config.is_ensemble else entry.versions:
+                stream = names.request_stream(entry.name, version)
+                wanted.add(stream)
+                lane = self.lanes.get(stream)
+                if lane is None or lane.stamp != entry.stamp(version):
+                    await self._add_lane(entry, version, lane)
+        self.retiring = set(self.lanes) - wanted
+        for stream in wanted:
+            lane = self.lanes[stream]
+            self.retirement.forget(lane.model, lane.version)
+        self.trimmer.streams = list(self.routes)
+
+    async def _add_lane(self, entry: ModelEntry, version: str, old: BatcherLane | None) -> None:
+        lane = BatcherLane(
+            self.send_link,
+            self.group,
+            entry,
+            version,
+            self.settings.work_conserving,
+            self.settings.busy_hold_s,
+        )
+        await self.group.ensure([lane.request_stream, lane.credit_stream])
+        if old is not None:
+            lane.adopt_credits(old)
+            self._stop_lane(old)
+        self.lanes[lane.request_stream] = lane
+        self.routes[lane.request_stream] = (lane, False)
+        self.routes[lane.credit_stream] = (lane, True)
+        self.stops[lane] = asyncio.Event()
+        self.dispatchers[lane] = self.tasks.spawn(
+            self._dispatch(lane), f"dispatch {lane.request_stream}"
+        )
+
+    async def _dispatch(self, lane: BatcherLane) -> None:
+        try:
+            await lane.dispatch(self.stops[lane])
+        finally:
+            self.dispatchers.pop(lane, None)
+            self.stops.pop(lane, None)
+
+    def _stop_lane(self, lane: BatcherLane) -> None:
+        """The lane sends what it holds and ends; it reads nothing more."""
+        stop = self.stops.get(lane)
+        if stop is not None:
+            stop.set()
+
+    async def _retire(self) -> None:
+        for stream in sorted(self.retiring):
+            lane = self.lanes[stream]
+            if await self.retirement.may_go(lane.model, lane.version):
+                logger.info("lane %s:%s retired", lane.model, lane.version)
+                self.retiring.discard(stream)
+                del self.lanes[stream]
+                self.routes.pop(lane.request_stream, None)
+                self.routes.pop(lane.credit_stream, None)
+                self.retirement.forget(lane.model, lane.version)
+                self._stop_lane(lane)
+        self.trimmer.streams = list(self.routes)
+
     async def run(self) -> None:
-        dispatchers = [
-            self.tasks.spawn(lane.dispatch(self.should_exit), f"dispatch {stream}")
-            for stream, lane in self.lanes.items()
-        ]
-        trimmer = Trimmer(self.redis, names.BATCHER_GROUP, list(self.routes))
-        self.tasks.spawn(trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
+        self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        if self.settings.model_control_mode is not ControlMode.NONE:
+            self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")
         await self._read_until_exit()
         # Intake has stopped; what the lanes hold still leaves, within the grace period.
-        await asyncio.wait(dispatchers, timeout=self.settings.shutdown_grace_s)
+        for stop in list(self.stops.values()):
+            stop.set()
+        dispatchers = list(self.dispatchers.values())
+        if dispatchers:
+            await asyncio.wait(dispatchers, timeout=self.settings.shutdown_grace_s)
 
     async def _read_until_exit(self) -> None:
         # A read is never cancelled: entries it took are pending on this consumer, so
@@ -115,7 +200,11 @@ class Batcher(Service):
     def _route(self, entries: list[Entry]) -> None:
         now_s = time.monotonic()
         for entry in entries:
-            lane, is_credit = self.routes[entry.stream]
+            route = self.routes.get(entry.stream)
+            if route is None:  # its lane retired while the read was out: a peer claims it
+                logger.warning("entry %s of %s has no lane", entry.id, entry.stream)
+                continue
+            lane, is_credit = route
             if is_credit:
                 lane.add_credit(entry)
             else:
@@ -123,7 +212,7 @@ class Batcher(Service):
 
     async def _upkeep(self) -> None:
         """Claim what dead batchers left pending; cap credits to the live instances."""
-        for stream, (lane, _) in self.routes.items():
+        for stream, (lane, _) in list(self.routes.items()):
             claimed = await self.reclaimer.claim(stream, self.settings.read_count, lane.held())
             if claimed.retry:
                 logger.info(
@@ -135,6 +224,8 @@ class Batcher(Service):
         for lane in self.lanes.values():
             key = (lane.model, lane.version)
             lane.resync_credits(instances.get(key, 0), lane.batch_stream in idle)
+        if self.retiring:
+            await self._retire()
 
     async def _idle_batch_streams(self) -> set[str]:
         """Batch streams with nothing pending and nothing undelivered: their workers idle."""

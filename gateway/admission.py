@@ -24,19 +24,24 @@ from redis.exceptions import RedisError
 from weir import names
 from weir.link import Arg, Command, Link
 
-# KEYS: counter, stream. ARGV: for each entry, its max_queue_size (0: unbounded), its
-# number of field/value arguments, then those. Returns, per entry, 1 when it was added and
-# 0 when the queue was full. (Not the counter itself: replies to requests queued before a
-# Redis restart can take it below zero, and a negative count is no refusal.)
+# KEYS: counter, stream, the model's serving set. ARGV: the version to find in the serving
+# set ('' in mode none: no check), then for each entry its max_queue_size (0: unbounded), its
+# number of field/value arguments, then those. Returns, per entry, 1 when it was added, 0
+# when the queue was full and -1 when the version admits nothing (it is being unloaded).
+# (Not the counter itself: replies to requests queued before a Redis restart can take it
+# below zero, and a negative count is no refusal.)
 _ADMIT = """
 local results = {}
-local at = 1
+local at = 2
+local closed = ARGV[1] ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0
 while at <= #ARGV do
   local limit = tonumber(ARGV[at])
   local count = tonumber(ARGV[at + 1])
   local first = at + 2
   at = first + count
-  if limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
+  if closed then
+    results[#results + 1] = -1
+  elseif limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
     results[#results + 1] = 0
   else
     redis.call('XADD', KEYS[2], '*', unpack(ARGV, first, at - 1))
@@ -48,10 +53,13 @@ return results
 """
 
 
+ADMITTED, FULL, CLOSED = 1, 0, -1
+
+
 @dataclass(slots=True)
 class _Entry:
     args: list[Arg]
-    admitted: asyncio.Future[bool]
+    admitted: asyncio.Future[int]
 
 
 # What one flush carries: the entries of each (model, version), in arrival order.
@@ -61,17 +69,21 @@ _Queues = defaultdict[tuple[str, str], list[_Entry]]
 class Admission:
     """Queues requests on their model's stream, bounded by the model's queue policy."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: Link, check_open: bool = False) -> None:
         # EVAL, not EVALSHA: no NOSCRIPT to recover from after a Redis restart, and Redis
         # caches the compiled script by its hash anyway.
         self.link = link
+        self.check_open = check_open  # a model control mode: versions open and close
         self._next: _Queues = defaultdict(list)
         self._flushing: asyncio.Task[None] | None = None
 
     async def enqueue(
         self, model: str, version: str, fields: dict[bytes, bytes], max_queue_size: int
-    ) -> bool:
-        """Queue the entry; False when the queue already holds ``max_queue_size`` requests.
+    ) -> int:
+        """Queue the entry: ADMITTED, or FULL, or CLOSED (the version admits nothing).
+
+        FULL: the queue already holds ``max_queue_size`` requests; CLOSED happens in the
+        model control modes only.
 
         RedisError when the flush that carried it failed: the entry may or may not have
         been added (Redis ran the scripts before the connection broke, or not).
@@ -79,7 +91,7 @@ class Admission:
         args: list[Arg] = [max_queue_size, 2 * len(fields)]
         for key, value in fields.items():
             args.extend((key, value))
-        admitted: asyncio.Future[bool] = asyncio.get_running_loop().create_future()
+        admitted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._next[(model, version)].append(_Entry(args, admitted))
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all(), name="admission flush")
@@ -99,8 +111,14 @@ class Admission:
         queues = list(flush.items())
         commands: list[Command] = []
         for (model, version), entries in queues:
-            keys = (names.queued_counter(model, version), names.request_stream(model, version))
-            commands.append(("EVAL", _ADMIT, 2, *keys, *(a for e in entries for a in e.args)))
+            keys = (
+                names.queued_counter(model, version),
+                names.request_stream(model, version),
+                names.serving_versions(model),
+            )
+            check = version if self.check_open else ""
+            args = (a for e in entries for a in e.args)
+            commands.append(("EVAL", _ADMIT, 3, *keys, check, *args))
         try:
             results = await self.link.call(*commands)
         except RedisError as exc:
@@ -117,7 +135,7 @@ class Admission:
                 continue
             for entry, queued in zip(entries, result, strict=True):
                 if not entry.admitted.done():
-                    entry.admitted.set_result(queued == 1)
+                    entry.admitted.set_result(int(queued))
 
 
 def _fail(entries: list[_Entry], error: RedisError) -> None:

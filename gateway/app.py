@@ -17,16 +17,20 @@ from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
+from gateway.catalog import Catalog
+from gateway.control import ControlLoop
 from gateway.errors import error_response
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
+from gateway.repository_routes import router as repository_router
 from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.shared_memory_routes import router as shared_memory_router
 from gateway.state import STATE_KEY, GatewayState
 from weir import __version__
 from weir.connection import connect
+from weir.control.desired import ControlMode
 from weir.errors import WeirError
 from weir.repository import Repository
 from weir.settings import GatewaySettings
@@ -52,17 +56,21 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[dict[str, GatewayState]]:
-        repository = Repository.load(settings.repository, settings.default_max_batch_size)
         redis = connect(settings.redis_url, retries=settings.redis_retries)
-        mesh = MeshClient(redis, settings, repository)
+        catalog = Catalog(redis, _startup_repository(settings))
+        control = ControlLoop(settings, redis, catalog)
+        await control.start()
+        mesh = MeshClient(redis, settings, catalog)
         registry = CollectorRegistry()
         metrics = RequestMetrics(registry)
         exporter = None
         if serve_metrics and settings.metrics_port:
-            registry.register(MeshCollector(settings.redis_url, repository))
+            follow = settings.model_control_mode is not ControlMode.NONE
+            registry.register(MeshCollector(settings.redis_url, catalog, follow))
             exporter = MetricsServer(registry, settings.host, settings.metrics_port)
         reader = asyncio.create_task(mesh.read_replies(), name="reply reader")
-        logger.info("gateway %s serving %d models", mesh.gateway_id, len(repository.models))
+        controlling = asyncio.create_task(control.run(), name="model control")
+        logger.info("gateway %s serving %d models", mesh.gateway_id, len(catalog.models))
         if settings.inference_token is None:
             ports = f"{settings.http_port}"
             if settings.grpc_port:
@@ -75,7 +83,7 @@ def create_app(
         shm = SharedMemoryRegistry(
             settings.shared_memory_max_regions, settings.shared_memory_max_region_bytes
         )
-        state = GatewayState(settings, repository, redis, mesh, metrics, shm)
+        state = GatewayState(settings, catalog, redis, mesh, metrics, shm, control)
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the
         # gateway is kept out of the collector's full collections.
@@ -91,9 +99,10 @@ def create_app(
                 await grpc_server.stop()
             if exporter is not None:
                 exporter.close()
-            reader.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await reader
+            for task in (reader, controlling):
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await mesh.close()
             await redis.aclose()
             shm.close()
@@ -101,10 +110,18 @@ def create_app(
     app = FastAPI(title="Weir gateway", version=__version__, lifespan=lifespan)
     app.include_router(router)
     app.include_router(shared_memory_router)
+    app.include_router(repository_router)
     app.add_exception_handler(WeirError, _weir_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     return app
+
+
+def _startup_repository(settings: GatewaySettings) -> Repository:
+    """Mode none: the repository's files; a control mode: nothing until the desired state."""
+    if settings.model_control_mode is ControlMode.NONE:
+        return Repository.load(settings.repository, settings.default_max_batch_size)
+    return Repository(settings.repository.resolve(), {})
 
 
 async def _start_grpc(state: GatewayState) -> GrpcServer:

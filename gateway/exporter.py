@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 import redis
@@ -19,7 +19,9 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from weir import names
-from weir.repository import Repository
+from weir.config import Backend
+from weir.control.desired import DesiredState
+from weir.repository import ModelEntry
 
 logger = logging.getLogger(__name__)
 
@@ -29,15 +31,29 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 class MeshCollector(Collector):
     """Reads the workers' per-batch counters and the queue counters from Redis."""
 
-    def __init__(self, redis_url: str, repository: Repository) -> None:
+    def __init__(self, redis_url: str, repository: Iterable[ModelEntry], follow: bool) -> None:
         self.redis = redis.Redis.from_url(redis_url, socket_timeout=2.0)
-        self.lanes = [
-            (e.name, v) for e in repository if not e.config.is_ensemble for v in e.versions
+        self.repository = repository
+        self.follow = follow  # a model control mode: the lanes are the desired state's
+
+    @property
+    def lanes(self) -> list[tuple[str, str]]:
+        if not self.follow:
+            return [
+                (e.name, v) for e in self.repository if not e.config.is_ensemble for v in e.versions
+            ]
+        raw = self.redis.get(names.desired_state())
+        state = DesiredState.decode(raw) if isinstance(raw, bytes) else DesiredState()
+        return [
+            (m.name, v)
+            for m in state.models.values()
+            if m.config.get("backend") != Backend.ENSEMBLE.value
+            for v in m.versions
         ]
 
     def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
         try:
-            stats, queued = self._read()
+            lanes, stats, queued = self._read()
         except redis.RedisError as exc:
             logger.warning("metrics: Redis unreachable: %s", exc)
             return
@@ -52,7 +68,7 @@ class MeshCollector(Collector):
         batch = HistogramMetricFamily(
             "weir_inference_batch_size", "Batch sizes executed by the workers", labels=labels
         )
-        for (model, version), recorded, waiting in zip(self.lanes, stats, queued, strict=True):
+        for (model, version), recorded, waiting in zip(lanes, stats, queued, strict=True):
             counts = {k.decode(): int(v) for k, v in recorded.items()}
             executions.add_metric([model, version], counts.get("execution_count", 0))
             inferences.add_metric([model, version], counts.get("inference_count", 0))
@@ -60,14 +76,17 @@ class MeshCollector(Collector):
             batch.add_metric([model, version], _buckets(counts), counts.get("inference_count", 0))
         yield from (executions, inferences, pending, batch)
 
-    def _read(self) -> tuple[list[dict[bytes, bytes]], list[bytes | None]]:
+    def _read(
+        self,
+    ) -> tuple[list[tuple[str, str]], list[dict[bytes, bytes]], list[bytes | None]]:
+        lanes = self.lanes
         pipe = self.redis.pipeline(transaction=False)
-        for model, version in self.lanes:
+        for model, version in lanes:
             pipe.hgetall(names.model_stats(model, version))
-        for model, version in self.lanes:
+        for model, version in lanes:
             pipe.get(names.queued_counter(model, version))
         replies = pipe.execute()
-        return replies[: len(self.lanes)], replies[len(self.lanes) :]
+        return lanes, replies[: len(lanes)], replies[len(lanes) :]
 
 
 def _buckets(counts: dict[str, int]) -> list[tuple[str, float]]:

@@ -2,14 +2,14 @@
 
 The servicer answers from the same :class:`~gateway.state.GatewayState` as the HTTP routes
 and through the same code: readiness from :mod:`gateway.health`, metadata, config and
-statistics from :mod:`gateway.metadata`, inference through
+statistics from :mod:`gateway.metadata`, the repository extension from
+:mod:`gateway.model_control`, inference through
 :func:`gateway.inference.execute` (validation, admission, deadline) with the same metrics.
 A :class:`~weir.errors.WeirError` becomes the gRPC status Triton would send, with the
 message HTTP would give. The same bearer tokens guard the same calls, read from the
 ``authorization`` metadata entry. System shared memory is answered from the process's
 registry (:mod:`gateway.shared_memory`); CUDA shared memory answers UNAVAILABLE. Calls Weir
-does not implement (model control, trace and log settings) answer UNIMPLEMENTED, naming what
-is missing.
+does not implement (trace and log settings) answer UNIMPLEMENTED, naming what is missing.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway import grpc_codec, health, metadata, shared_memory
+from gateway import grpc_codec, health, metadata, model_control, shared_memory
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.codec import InferBody
 from gateway.inference import execute
@@ -162,15 +162,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_answers_errors
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         self._authorize(context, Scope.MANAGEMENT)
-        served = await health.served_now(self.state)
         response = service_pb2.RepositoryIndexResponse()
-        for entry in self.state.repository:
-            for version in entry.versions:
-                ready = health.serves_model(self.state, entry, version, served)
-                if ready or not request.ready:
-                    state = "READY" if ready else "UNAVAILABLE"
-                    response.models.add(name=entry.name, version=version, state=state)
+        for model in model_control.index(self.state, request.ready):
+            response.models.add(**model)
         return response
+
+    @_answers_errors
+    async def RepositoryModelLoad(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        await model_control.load(self.state, request.model_name, _parameters(request))
+        return service_pb2.RepositoryModelLoadResponse()
+
+    @_answers_errors
+    async def RepositoryModelUnload(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        await model_control.unload(self.state, request.model_name, _parameters(request))
+        return service_pb2.RepositoryModelUnloadResponse()
 
     @_answers_errors
     async def ModelInfer(self, request: Any, context: Any) -> Any:
@@ -238,13 +245,20 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         if token is not None:
             check_authorization(_metadata(context, "authorization"), token, scope)
 
-    RepositoryModelLoad = _unimplemented("model loading (the repository is read at start)")
-    RepositoryModelUnload = _unimplemented("model unloading (the repository is read at start)")
     CudaSharedMemoryStatus = _cuda_unavailable
     CudaSharedMemoryRegister = _cuda_unavailable
     CudaSharedMemoryUnregister = _cuda_unavailable
     TraceSetting = _unimplemented("the trace extension")
     LogSettings = _unimplemented("the logging extension")
+
+
+def _parameters(request: Any) -> dict[str, Any]:
+    """A repository call's ``ModelRepositoryParameter`` map as plain values."""
+    parameters: dict[str, Any] = {}
+    for key, parameter in request.parameters.items():
+        kind = parameter.WhichOneof("parameter_choice")
+        parameters[key] = getattr(parameter, kind) if kind else None
+    return parameters
 
 
 def _metadata(context: Any, key: str) -> str:

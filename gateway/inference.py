@@ -37,7 +37,7 @@ async def run_infer(
     """Validate, queue, await and render one inference; WeirError for any failure."""
     entry, version = state.repository.resolve(model, version)
     try:
-        raw = await _read_body(request, state.settings.body_limit_bytes)
+        raw = await read_body(request, state.settings.body_limit_bytes)
         body = _parse_body(state, entry, raw, _header_length(request))
         reply = await execute(state, entry, version, body)
         shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
@@ -96,7 +96,7 @@ def _parse_body(
     )
 
 
-async def _read_body(request: Request, limit_bytes: int) -> bytes:
+async def read_body(request: Request, limit_bytes: int) -> bytes:
     """The body, decoded, refused as soon as it is known to exceed ``limit_bytes``.
 
     The limit holds for the bytes received and, for a compressed body, for the decoded ones.

@@ -18,14 +18,15 @@ import uuid
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.admission import Admission
+from gateway.admission import CLOSED, FULL, Admission
+from gateway.catalog import Catalog
 from gateway.codec import InferBody
-from pipelines.graph import load_pipelines
 from pipelines.route import Route, Router
 from weir import names, wire
-from weir.errors import DeadlineExceeded, InvalidInput, Unavailable
+from weir.control.desired import ControlMode
+from weir.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
 from weir.link import Link, raise_errors
-from weir.repository import ModelEntry, Repository
+from weir.repository import ModelEntry
 from weir.settings import GatewaySettings
 from weir.wire import InferReply, InferRequest
 
@@ -37,19 +38,23 @@ RETRY_READ_S = 0.5
 class MeshClient:
     """Sends requests into the mesh and matches the replies that come back."""
 
-    def __init__(self, redis: Redis, settings: GatewaySettings, repository: Repository) -> None:
+    def __init__(self, redis: Redis, settings: GatewaySettings, catalog: Catalog) -> None:
         self.redis = redis
         self.settings = settings
-        self.repository = repository
-        self.router = Router(redis, load_pipelines(repository))
+        self.catalog = catalog
         self.gateway_id = uuid.uuid4().hex[:16]
         self.reply_stream = names.reply_stream(self.gateway_id)
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
         # The hot path's own connections: one shared by admissions, one for the blocking
         # reply reads (see weir.link).
-        self.admission = Admission(Link(settings.redis_url, settings.redis_timeout_s))
+        check_open = settings.model_control_mode is not ControlMode.NONE
+        self.admission = Admission(Link(settings.redis_url, settings.redis_timeout_s), check_open)
         self.reply_link = Link(settings.redis_url, settings.redis_timeout_s)
         self._ids = itertools.count()
+
+    @property
+    def router(self) -> Router:
+        return self.catalog.router
 
     async def infer(
         self, entry: ModelEntry, version: str, body: InferBody, batch: int
@@ -90,7 +95,7 @@ class MeshClient:
                 f"cannot start the pipeline: {exc}", self.settings.retry_after_s
             ) from None
         for step_request, batch in effects.requests:
-            await self._send(self.repository.models[step_request.model], step_request, batch, 0)
+            await self._send(self.catalog.models[step_request.model], step_request, batch, 0)
         for _, payload in effects.replies:
             self._resolve(payload)
 
@@ -137,7 +142,12 @@ class MeshClient:
             admitted = await self.admission.enqueue(request.model, request.version, fields, limit)
         except RedisError as exc:
             raise Unavailable(f"cannot queue the request: {exc}", retry_after_s) from None
-        if not admitted:
+        if admitted == CLOSED:
+            raise NotFound(
+                f"Request for unknown model: '{request.model}' version {request.version} is "
+                "unloaded"
+            )
+        if admitted == FULL:
             raise Unavailable(
                 f"request for model '{request.model}' version '{request.version}' exceeds "
                 f"maximum queue size {limit}",

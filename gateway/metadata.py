@@ -19,6 +19,8 @@ EXTENSIONS = [
     "model_configuration",
     "statistics",
     "system_shared_memory",
+    "model_repository",
+    "model_repository(unload_dependents)",
 ]
 
 # The workers' counters: executions per batch size, and per batch size each phase's time.
@@ -64,6 +66,12 @@ def model_config(entry: ModelEntry) -> dict[str, Any]:
             tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
     for tensor in raw["input"]:
         tensor.pop("label_filename", None)  # an output's field in model_config.proto
+    for sample in raw.get("model_warmup", ()):
+        for tensor in sample.get("inputs", {}).values():
+            tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
+            for source in ("zero_data", "random_data", "input_data_file"):
+                if not tensor.get(source):
+                    tensor.pop(source, None)  # as Triton: only the source that is set
     raw["platform"] = PLATFORMS[config.backend]
     raw["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
     return raw

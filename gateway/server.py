@@ -31,7 +31,8 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.fastpath import InferFastPath
-from weir.repository import Repository
+from weir.control.desired import ControlMode
+from weir.repository import ModelEntry, Repository
 from weir.settings import GatewaySettings
 
 logger = logging.getLogger(__name__)
@@ -129,6 +130,12 @@ def _child(settings: GatewaySettings, sock: socket.socket) -> None:
     _server(settings, serve_metrics=False).run(sockets=[sock])
 
 
+def _startup_models(settings: GatewaySettings) -> Repository | list[ModelEntry]:
+    if settings.model_control_mode is not ControlMode.NONE:
+        return []  # the collector follows the desired state
+    return Repository.load(settings.repository, settings.default_max_batch_size)
+
+
 def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
     if not settings.metrics_port:
         return None
@@ -137,7 +144,8 @@ def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
     registry.register(
         MeshCollector(
             settings.redis_url,
-            Repository.load(settings.repository, settings.default_max_batch_size),
+            _startup_models(settings),
+            follow=settings.model_control_mode is not ControlMode.NONE,
         )
     )
     return MetricsServer(registry, settings.host, settings.metrics_port)

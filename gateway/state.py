@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
 from starlette.requests import Request
 
+from gateway.catalog import Catalog
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.shared_memory import SharedMemoryRegistry
-from weir.repository import Repository
 from weir.settings import GatewaySettings
+
+if TYPE_CHECKING:
+    from gateway.control import ControlLoop
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,11 +23,17 @@ class GatewayState:
     """The gateway's resources; routes reach them through :func:`gateway_state`."""
 
     settings: GatewaySettings
-    repository: Repository
+    catalog: Catalog
     redis: Redis
     mesh: MeshClient
     metrics: RequestMetrics
     shared_memory: SharedMemoryRegistry
+    control: ControlLoop
+
+    @property
+    def repository(self) -> Catalog:
+        """The models served now (they change with the desired state in a control mode)."""
+        return self.catalog
 
 
 STATE_KEY = "weir"

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from weir import __version__
+from weir.control.desired import ControlMode
 from weir.errors import ConfigError
 from weir.service import run
 from weir.settings import (
@@ -33,6 +34,23 @@ def _common(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--redis-url", help="Redis URL (env WEIR_REDIS_URL)")
     parser.add_argument("--repository", type=Path, help="model repository (env WEIR_REPOSITORY)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING... (env WEIR_LOG_LEVEL)")
+    parser.add_argument(
+        "--model-control-mode",
+        choices=[mode.value for mode in ControlMode],
+        help="none (default), explicit or poll, as Triton's (env WEIR_MODEL_CONTROL_MODE)",
+    )
+    parser.add_argument(
+        "--load-model",
+        action="append",
+        help="a model to load at start in mode explicit, repeatable; * for all "
+        "(env WEIR_LOAD_MODEL, comma-separated)",
+    )
+    parser.add_argument(
+        "--repository-poll-secs",
+        type=float,
+        help="seconds between looks at the repository in mode poll (env "
+        "WEIR_REPOSITORY_POLL_SECS, default 15)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -72,11 +90,25 @@ def _parser() -> argparse.ArgumentParser:
     dead.add_argument("--redis-url", help="Redis URL (env WEIR_REDIS_URL)")
     dead.add_argument("--model", help="only this model's dead letters")
     dead.add_argument("--id", dest="letter_id", help="replay only this dead letter")
+
+    models = commands.add_parser("models", help="list, load or unload models (mode explicit)")
+    models.add_argument("action", choices=["list", "load", "unload", "weights"])
+    models.add_argument("names", nargs="*", help="model names (weights: MODEL VERSION=WEIGHT ...)")
+    models.add_argument("--url", default="http://127.0.0.1:8000", help="a gateway's HTTP address")
+    models.add_argument("--config", help="load: a config (JSON) instead of the model's file")
+    models.add_argument(
+        "--unload-dependents", action="store_true", help="unload: a pipeline's steps too"
+    )
+    models.add_argument("--token", help="the management token (env WEIR_GATEWAY_MANAGEMENT_TOKEN)")
+    models.add_argument("--timeout-s", type=float, default=600.0, help="longest wait for a call")
     return parser
 
 
 def _overrides(args: argparse.Namespace) -> dict[str, Any]:
-    return {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    options = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
+    if isinstance(options.get("load_model"), list):
+        options["load_model"] = ",".join(options["load_model"])
+    return options
 
 
 def _run_up(options: dict[str, Any]) -> int:
@@ -127,12 +159,19 @@ def _run_worker(options: dict[str, Any]) -> int:
     return 0
 
 
+def _run_models(options: dict[str, Any]) -> int:
+    from weir import models_cli
+
+    return models_cli.run(options)
+
+
 COMMANDS: dict[str, Callable[[dict[str, Any]], int]] = {
     "up": _run_up,
     "gateway": _run_gateway,
     "batcher": _run_batcher,
     "worker": _run_worker,
     "dead-letters": _run_dead_letters,
+    "models": _run_models,
 }
 
 

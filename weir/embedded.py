@@ -46,6 +46,9 @@ class Embedded(Service):
             WEIR_GATEWAY_GRPC_PORT=str(self.settings.grpc_port),
             WEIR_GATEWAY_METRICS_PORT=str(self.settings.metrics_port),
             WEIR_GATEWAY_PROCESSES=str(self.settings.gateway_processes),
+            WEIR_MODEL_CONTROL_MODE=self.settings.model_control_mode.value,
+            WEIR_LOAD_MODEL=self.settings.load_model,
+            WEIR_REPOSITORY_POLL_SECS=str(self.settings.repository_poll_secs),
         )
         return env
 

@@ -68,3 +68,23 @@ def live_key(group: str, consumer: str) -> str:
 
 def live_pattern(group: str) -> str:
     return f"{PREFIX}:live:{group}:*"
+
+
+def serving_versions(model: str) -> str:
+    """The versions of a model that admit new requests (a set; model control modes only).
+
+    Admission checks it in the same script that queues a request, so a version taken out of
+    service refuses new requests at once while the ones it accepted drain.
+    """
+    return f"{PREFIX}:{{{model}}}:serving"
+
+
+# The control plane's keys share one hash tag, so a compare-and-set over both is one slot.
+def desired_state() -> str:
+    """What the mesh should serve: models, versions, configs, weights (msgpack)."""
+    return f"{PREFIX}:{{control}}:desired"
+
+
+def desired_generation() -> str:
+    """The desired state's generation number, which every service polls."""
+    return f"{PREFIX}:{{control}}:generation"

@@ -16,8 +16,8 @@ torch.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,8 @@ from weir.errors import ConfigError, NotFound
 
 CONFIG_FILE = "config.yaml"
 PBTXT_FILE = "config.pbtxt"
+# Where an error in a config given with a load request says it is.
+OVERRIDE_SOURCE = "(config of the load request)"
 # What an ensemble without a version directory serves.
 ENSEMBLE_VERSION = 1
 
@@ -39,6 +41,12 @@ class ModelEntry:
     config: ModelConfig
     path: Path
     versions: tuple[str, ...]
+    # Per served version, what identifies its config and files in a model control mode (a
+    # lane serves one stamp; a new stamp is a reload). Empty in mode none.
+    stamps: Mapping[str, str] = field(default_factory=dict)
+
+    def stamp(self, version: str) -> str:
+        return self.stamps.get(version, "")
 
     @property
     def name(self) -> str:
@@ -77,12 +85,14 @@ class Repository:
         if not root.is_dir():
             raise ConfigError(f"{root}: model repository is not a directory")
         models = {}
-        for model_dir in sorted(p for p in root.iterdir() if p.is_dir()):
-            if model_dir.name.startswith("."):
-                continue
-            entry = _load_model(model_dir, default_max_batch_size)
-            _check_inside(root, entry)
+        for model_dir in model_dirs(root):
+            entry = load_model(root, model_dir.name, default_max_batch_size)
             models[entry.name] = entry
+        return cls.of(root, models)
+
+    @classmethod
+    def of(cls, root: Path, models: dict[str, ModelEntry]) -> Repository:
+        """A repository of models already loaded, each pipeline checked against its steps."""
         for entry in models.values():
             check_ensemble(entry, models)
         return cls(root, models)
@@ -91,13 +101,12 @@ class Repository:
         """The model and the version to serve; a missing version means the latest served."""
         entry = self.models.get(name)
         if entry is None:
-            raise NotFound(f"Request for unknown model: '{_shown(name)}' is not found")
+            raise NotFound(f"Request for unknown model: '{shown(name)}' is not found")
         if not version:
             return entry, entry.latest
         if version not in entry.versions:
             raise NotFound(
-                f"Request for unknown model: '{_shown(name)}' version {_shown(version)} is not "
-                "found"
+                f"Request for unknown model: '{shown(name)}' version {shown(version)} is not found"
             )
         return entry, version
 
@@ -108,7 +117,7 @@ class Repository:
 SHOWN_NAME_CHARS = 128  # of a name a client sent, echoed in an error
 
 
-def _shown(name: str) -> str:
+def shown(name: str) -> str:
     """A client's name as an error echoes it: cut, so an error never grows with the request."""
     return name if len(name) <= SHOWN_NAME_CHARS else name[: SHOWN_NAME_CHARS - 3] + "..."
 
@@ -138,11 +147,36 @@ def _read_raw(model_dir: Path, config_path: Path | None) -> dict[str, Any]:
     return read_pbtxt(config_path)
 
 
-def _load_model(model_dir: Path, default_max_batch_size: int) -> ModelEntry:
+def model_dirs(root: Path) -> list[Path]:
+    """The model directories under ``root``, by name."""
+    return sorted(p for p in root.iterdir() if p.is_dir() and not p.name.startswith("."))
+
+
+def load_model(
+    root: Path,
+    name: str,
+    default_max_batch_size: int = autocomplete.DEFAULT_MAX_BATCH_SIZE,
+    override: dict[str, Any] | None = None,
+) -> ModelEntry:
+    """One model of the repository at ``root``; ``override``: a config that replaces its file's.
+
+    ConfigError, naming the file and the field, for anything wrong with it.
+    """
+    model_dir = root / name
+    if not name or name != model_dir.name or not model_dir.is_dir():
+        raise ConfigError(f"{root}: no model directory named '{shown(name)}'")
+    entry = _load_model(model_dir, default_max_batch_size, override)
+    _check_inside(root, entry)
+    return entry
+
+
+def _load_model(
+    model_dir: Path, default_max_batch_size: int, override: dict[str, Any] | None = None
+) -> ModelEntry:
     config_path = _config_path(model_dir)
-    raw = _read_raw(model_dir, config_path)
+    raw = _read_raw(model_dir, config_path) if override is None else dict(override)
     available = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()]
-    if config_path is None:
+    if config_path is None and override is None:
         backend = autocomplete.guess_backend(model_dir, available)
         if backend is None:
             raise ConfigError(
@@ -150,7 +184,7 @@ def _load_model(model_dir: Path, default_max_batch_size: int) -> ModelEntry:
                 "model.xml in a version directory to fill one from"
             )
         raw["backend"] = backend
-    source = config_path or model_dir
+    source = model_dir / OVERRIDE_SOURCE if override is not None else config_path or model_dir
     raw = autocomplete.complete(raw, model_dir, available, default_max_batch_size)
     config = config_from_raw(raw, source, model_dir.name)
     if config.is_ensemble and not available:

@@ -14,6 +14,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from weir.control.desired import ControlMode
+
 
 def _shared(name: str, default: Any, **kwargs: Any) -> Any:
     # Shared settings keep one env name across services, whatever the service's prefix.
@@ -38,6 +40,32 @@ class ServiceSettings(BaseSettings):
         "before its connection is dropped and made again",
     )
     heartbeat_ttl_s: float = _shared("heartbeat_ttl_s", 3.0, gt=0)
+    model_control_mode: ControlMode = _shared(
+        "model_control_mode",
+        ControlMode.NONE,
+        description="none: the repository is read once at start; explicit: only what "
+        "--load-model and the load API name; poll: the repository's files, every "
+        "repository_poll_secs (Triton's --model-control-mode)",
+    )
+    load_model: str = _shared(
+        "load_model",
+        "",
+        description="models loaded at start in mode explicit, comma-separated; * for all",
+    )
+    repository_poll_secs: float = _shared("repository_poll_secs", 15.0, gt=0)
+    control_refresh_s: float = _shared(
+        "control_refresh_s",
+        0.5,
+        gt=0,
+        description="how often a service looks for a change of what the mesh serves",
+    )
+    retire_timeout_s: float = _shared(
+        "retire_timeout_s",
+        120.0,
+        gt=0,
+        description="longest a version taken out of service keeps its lanes for the requests "
+        "it accepted",
+    )
     default_max_batch_size: int = _shared(
         "default_max_batch_size",
         4,
@@ -45,6 +73,10 @@ class ServiceSettings(BaseSettings):
         description="max_batch_size that auto-complete gives a model that can batch when its "
         "config sets none (Triton's --backend-config=default-max-batch-size)",
     )
+
+    @property
+    def load_models(self) -> list[str]:
+        return [name.strip() for name in self.load_model.split(",") if name.strip()]
 
 
 class GatewaySettings(ServiceSettings):
@@ -66,6 +98,15 @@ class GatewaySettings(ServiceSettings):
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 503 responses")
     inference_token: SecretStr | None = Field(None, description="bearer token for inference")
     management_token: SecretStr | None = Field(None, description="bearer token for management")
+
+    model_load_timeout_s: float = Field(
+        300.0, gt=0, description="longest a load request waits for the mesh to serve the model"
+    )
+    model_upload_limit_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=0,
+        description="model files a load request may carry, in all (0: no uploads)",
+    )
 
     @field_validator("inference_token", "management_token")
     @classmethod

@@ -88,6 +88,7 @@ class WorkerLane:
         self.group = group
         self.entry = entry
         self.version = version
+        self.stamp = entry.stamp(version)  # the config and files it loaded (model control)
         self.runners = runners
         self.settings = settings
         self.router = router

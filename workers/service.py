@@ -1,26 +1,37 @@
 """A worker pool process: loads the models its pool serves and runs their batches.
 
 A model belongs to the pool its ``instance_group.kind`` names: ``KIND_CPU`` to ``cpu``,
-``KIND_GPU`` to ``gpu``; ``KIND_AUTO`` and ``KIND_MODEL`` run in the ``cpu`` pool. Each
-instance gets an executor thread. The worker heartbeats with a TTL key listing what it
-serves. On SIGTERM it stops reading, finishes and acks the batches it took, and exits.
+``KIND_GPU`` to ``gpu``; ``KIND_AUTO`` and ``KIND_MODEL`` run in the ``cpu`` pool. Each lane
+(model, version) gets its instances and their executor threads (:mod:`workers.lane_run`).
+The worker heartbeats with a TTL key listing what it serves and which loads failed. On
+SIGTERM it stops reading, finishes and acks the batches it took, and exits.
+
+In mode none the lanes load at start, and a model that cannot load stops the worker. In a
+model control mode they follow the desired state (:mod:`weir.control`): a lane loads in a
+thread while the others serve, warms up (``model_warmup``), and only then reads; a new config
+replaces a lane once the new one is warm (the old one finishing what it took); a failed load
+is reported and leaves the old lane serving; a lane no longer desired serves until its
+version admits nothing and its accepted requests are answered, then gives its memory back.
 """
 
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 from pipelines.graph import load_pipelines
 from pipelines.route import Router
-from weir import names
+from weir import names, wire
 from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
+from weir.control.desired import ControlMode, DesiredState, DesiredStore
+from weir.control.follower import Follower, Retirement
+from weir.errors import ConfigError
 from weir.link import Link
 from weir.liveness import Heartbeat
-from weir.repository import Repository
+from weir.repository import ModelEntry, Repository
 from weir.service import Service, TaskSet
 from weir.settings import WorkerSettings
 from weir.streams import StreamGroup
@@ -29,8 +40,10 @@ from weir.workload import encode_served
 from workers.backends import load_backend
 from workers.execution import BatchRunner
 from workers.lane import WorkerLane
-from workers.memory import IdleTrim, limit_arenas
+from workers.lane_run import LaneRun
+from workers.memory import IdleTrim, limit_arenas, malloc_trim
 from workers.threads import ThreadShare
+from workers.warmup import run_warmup
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +51,9 @@ POOL_KINDS: dict[str, frozenset[InstanceKind]] = {
     "cpu": frozenset({InstanceKind.CPU, InstanceKind.AUTO, InstanceKind.MODEL}),
     "gpu": frozenset({InstanceKind.GPU}),
 }
+FAILURE_CHARS = 500  # of a load's error, in the heartbeat and the repository index
+
+LaneKey = tuple[str, str]
 
 
 def instance_count(config: ModelConfig, pool: str) -> int:
@@ -47,7 +63,7 @@ def instance_count(config: ModelConfig, pool: str) -> int:
 
 
 class Worker(Service):
-    """Serves every model of one pool found in the repository."""
+    """Serves every model of one pool that the repository or the desired state names."""
 
     name = "worker"
 
@@ -60,17 +76,34 @@ class Worker(Service):
         self.link = Link(
             settings.redis_url, settings.redis_timeout_s
         )  # the lanes' transactions (see weir.link)
-        self.lanes: list[WorkerLane] = []
+        self.runs: dict[LaneKey, LaneRun] = {}
+        self.loading: dict[LaneKey, str] = {}  # lanes loading, with the stamp they load
+        self.failed: dict[tuple[str, str, str], str] = {}
+        self.retiring: set[LaneKey] = set()
+        self.retirement = Retirement(self.redis, settings.retire_timeout_s)
+        self.router = Router(self.redis, {})
         self.tasks = TaskSet()
-        self.executor: ThreadPoolExecutor | None = None
+        self.started = False
         # The worker's threads (every backend's), shared out among the batches computing.
         self.threads = ThreadShare(settings.torch_threads)
         self.heartbeat = Heartbeat(
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
         )
+        self.trimmer = Trimmer(self.redis, names.WORKER_GROUP, [])
+        self.follower = Follower(DesiredStore(self.redis), settings.control_refresh_s, self._follow)
+
+    @property
+    def lanes(self) -> list[WorkerLane]:
+        return [run.lane for run in self.runs.values()]
+
+    @property
+    def control(self) -> bool:
+        return self.settings.model_control_mode is not ControlMode.NONE
 
     def _served(self) -> bytes:
-        return encode_served([(ln.entry.name, ln.version, len(ln.runners)) for ln in self.lanes])
+        served = [(k[0], k[1], len(r.lane.runners), r.lane.stamp) for k, r in self.runs.items()]
+        failed = [(*key, reason) for key, reason in self.failed.items()]
+        return encode_served(served, failed)
 
     async def startup(self) -> None:
         if self.settings.pool not in POOL_KINDS:
@@ -79,40 +112,30 @@ class Worker(Service):
             )
         limit_arenas()  # before any instance thread allocates
         self._configure_torch()
-        repository = Repository.load(self.settings.repository, self.settings.default_max_batch_size)
-        router = Router(self.redis, load_pipelines(repository))
+        if self.control:
+            await self._follow(await self.follower.first())
+        else:
+            await self._load_all(
+                Repository.load(self.settings.repository, self.settings.default_max_batch_size)
+            )
+        await self.heartbeat.beat()
+
+    async def _load_all(self, repository: Repository) -> None:
+        """Mode none: every lane of this pool, before serving; a failure stops the worker."""
+        self.router = Router(self.redis, load_pipelines(repository))
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
-                path = entry.version_path(version)
-                first = load_backend(entry.config, path, self.threads, count)
-                backends = [first] + [
-                    first
-                    if first.shareable
-                    else load_backend(entry.config, path, self.threads, count)
-                    for _ in range(count - 1)
-                ]
-                runners = [
-                    BatchRunner(entry.config, backend, self.settings.isolation_runs)
-                    for backend in backends
-                ]
-                lane = WorkerLane(
-                    self.link, self.group, entry, version, runners, self.settings, router
+                runners = self._build(entry, version, count)
+                await self._start(
+                    WorkerLane(
+                        self.link, self.group, entry, version, runners, self.settings, self.router
+                    )
                 )
-                self.lanes.append(lane)
-        await self.group.ensure([lane.stream for lane in self.lanes])
-        await self.heartbeat.beat()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for lane in self.lanes:
-                pipe.execute_command(*lane.credit(len(lane.runners)))
-            await pipe.execute()
-        instances = sum(len(lane.runners) for lane in self.lanes)
-        self.executor = ThreadPoolExecutor(max(instances, 1), thread_name_prefix="instance")
         logger.info(
-            "worker %s serving %s with %d instances",
+            "worker %s serving %s",
             self.worker_id,
-            ", ".join(lane.label for lane in self.lanes) or "nothing",
-            instances,
+            ", ".join(run.lane.label for run in self.runs.values()) or "nothing",
         )
 
     def _configure_torch(self) -> None:
@@ -121,43 +144,144 @@ class Worker(Service):
 
             torch.set_num_threads(self.settings.torch_threads)
 
-    async def run(self) -> None:
-        if self.executor is None:
-            raise RuntimeError("worker.run() before startup()")
-        executors = TaskSet()
-        for lane in self.lanes:
-            for runner in lane.runners:
-                executors.spawn(lane.execute(runner, self.executor), f"instance {lane.label}")
-        readers = [
-            self.tasks.spawn(lane.read(self.should_exit), f"read {lane.label}")
-            for lane in self.lanes
+    def _build(self, entry: ModelEntry, version: str, count: int) -> list[BatchRunner]:
+        """Load ``count`` instances of a lane and warm each up (blocking: a thread's work)."""
+        path = entry.version_path(version)
+        first = load_backend(entry.config, path, self.threads, count)
+        backends = [first] + [
+            first if first.shareable else load_backend(entry.config, path, self.threads, count)
+            for _ in range(count - 1)
         ]
+        runners = [
+            BatchRunner(entry.config, backend, self.settings.isolation_runs) for backend in backends
+        ]
+        for runner in runners:
+            run_warmup(entry.config, runner, entry.path)
+        return runners
+
+    async def _start(self, lane: WorkerLane) -> None:
+        """Start reading a lane's batch stream, replacing the lane it supersedes."""
+        key = (lane.entry.name, lane.version)
+        old = self.runs.pop(key, None)
+        if old is not None:
+            await old.end(self.settings.block_ms / 1000 + 1, self.shutdown_grace_s)
+        await self.group.ensure([lane.stream])
+        run = LaneRun(lane)
+        self.runs[key] = run
+        if self.started:
+            run.start(self.tasks)
+        await self.redis.xadd(lane.credit_stream, {wire.CREDITS: len(lane.runners)})
+        self.trimmer.streams = [r.lane.stream for r in self.runs.values()]
+
+    async def _follow(self, state: DesiredState) -> None:
+        """Reconcile the lanes with the desired state."""
+        try:
+            repository = state.repository(self.settings.repository.resolve())
+        except ConfigError as exc:
+            logger.error("cannot serve generation %d: %s", state.generation, exc)
+            return
+        self.router = Router(self.redis, load_pipelines(repository))
+        wanted: dict[LaneKey, str] = {}
+        for entry in repository:
+            count = instance_count(entry.config, self.settings.pool)
+            for version in entry.versions if count else ():
+                wanted[(entry.name, version)] = entry.stamp(version)
+                self._ensure(entry, version, count)
+        for run in self.runs.values():
+            run.lane.router = self.router
+        self.retiring = set(self.runs) - set(wanted)
+        for key in wanted:
+            self.retirement.forget(*key)
+        self.failed = {k: v for k, v in self.failed.items() if wanted.get(k[:2]) == k[2]}
+
+    def _ensure(self, entry: ModelEntry, version: str, count: int) -> None:
+        """Load the lane in the background unless it runs, loads or failed with this stamp."""
+        key, stamp = (entry.name, version), entry.stamp(version)
+        run = self.runs.get(key)
+        if run is not None and run.lane.stamp == stamp:
+            return
+        if self.loading.get(key) == stamp or (*key, stamp) in self.failed:
+            return
+        self.loading[key] = stamp
+        self.tasks.spawn(self._load(entry, version, count), f"load {entry.name}:{version}")
+
+    async def _load(self, entry: ModelEntry, version: str, count: int) -> None:
+        key, stamp = (entry.name, version), entry.stamp(version)
+        try:
+            runners = await asyncio.to_thread(self._build, entry, version, count)
+        except Exception as exc:
+            reason = f"{type(exc).__name__}: {exc}"[:FAILURE_CHARS]
+            logger.error("cannot load %s:%s: %s", entry.name, version, reason)
+            self.failed[(*key, stamp)] = reason
+            await self.heartbeat.beat()
+            return
+        finally:
+            if self.loading.get(key) == stamp:
+                del self.loading[key]
+        lane = WorkerLane(
+            self.link, self.group, entry, version, runners, self.settings, self.router
+        )
+        await self._start(lane)
+        await self.heartbeat.beat()  # advertise it at once
+        logger.info("lane %s:%s serving with %d instances", entry.name, version, count)
+
+    async def _retire(self) -> None:
+        """Stop the lanes no longer desired once drained, and give their memory back."""
+        while not self.should_exit.is_set():
+            for key in sorted(self.retiring):
+                if key in self.runs and await self.retirement.may_go(*key):
+                    self.retiring.discard(key)
+                    await self._stop_lane(key)
+            await asyncio.sleep(self.settings.control_refresh_s)
+
+    async def _stop_lane(self, key: LaneKey) -> None:
+        run = self.runs.pop(key)
+        await run.end(self.settings.block_ms / 1000 + 1, self.shutdown_grace_s)
+        self.retirement.forget(*key)
+        self.trimmer.streams = [r.lane.stream for r in self.runs.values()]
+        await self.heartbeat.beat()
+        del run
+        _give_memory_back()
+        logger.info("lane %s:%s unloaded", *key)
+
+    async def run(self) -> None:
+        self.started = True
+        for run in self.runs.values():
+            run.start(self.tasks)
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
-        trimmer = Trimmer(self.redis, names.WORKER_GROUP, [lane.stream for lane in self.lanes])
-        self.tasks.spawn(trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
+        self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         idle = IdleTrim(self.settings.trim_memory_idle_s, self._last_batch_s)
         self.tasks.spawn(idle.run(self.should_exit), "memory trim")
+        if self.control:
+            self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")
+            self.tasks.spawn(self._retire(), "retire lanes")
         await self.should_exit.wait()
-        await self._drain(readers)
-        await executors.cancel_all(self.settings.shutdown_grace_s)
+        await self._drain()
 
     def _last_batch_s(self) -> float:
-        return max((lane.last_batch_s for lane in self.lanes), default=0.0)
+        return max((run.lane.last_batch_s for run in self.runs.values()), default=0.0)
 
-    async def _drain(self, readers: list[asyncio.Task[None]]) -> None:
+    async def _drain(self) -> None:
         """Stop intake, then finish what was taken, within the grace period."""
-        if readers:
-            await asyncio.wait(readers, timeout=self.settings.block_ms / 1000 + 1)
-        drains = [asyncio.ensure_future(lane.drain()) for lane in self.lanes]
-        if drains:
-            await asyncio.wait(drains, timeout=self.shutdown_grace_s)
+        runs = list(self.runs.values())
+        read_timeout_s = self.settings.block_ms / 1000 + 1
+        await asyncio.gather(*(run.stop_reading(read_timeout_s) for run in runs))
+        await asyncio.gather(*(run.drain(self.shutdown_grace_s) for run in runs))
 
     async def shutdown(self) -> None:
+        for run in self.runs.values():
+            await run.close(self.settings.shutdown_grace_s)
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
-        if self.executor is not None:
-            self.executor.shutdown(wait=False, cancel_futures=True)
         await self.heartbeat.stop()
-        for lane in self.lanes:
-            await lane.read_link.close()
         await self.link.close()
         await self.redis.aclose()
+
+
+def _give_memory_back() -> None:
+    """Collect what an unloaded lane held (startup's frozen objects too), then trim."""
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    trim = malloc_trim()
+    if trim is not None:
+        trim()

@@ -241,7 +241,16 @@ def test_calls_weir_does_not_implement_say_what_is_missing(
     unimplemented = grpc.StatusCode.UNIMPLEMENTED
     unavailable = grpc.StatusCode.UNAVAILABLE
     assert "CUDA shared memory" in rpc_error(client.get_cuda_shared_memory_status, unavailable)
-    assert "model loading" in rpc_error(lambda: client.load_model("tiny_mlp"), unimplemented)
+    assert "trace" in rpc_error(client.get_trace_settings, unimplemented)
+
+
+def test_model_control_in_mode_none_is_refused_as_triton_refuses_it(
+    client: grpcclient.InferenceServerClient,
+) -> None:
+    unavailable = grpc.StatusCode.UNAVAILABLE
+    message = rpc_error(lambda: client.load_model("tiny_mlp"), unavailable)
+    assert message == "explicit model load / unload is not allowed if polling is enabled"
+    assert "not allowed" in rpc_error(lambda: client.unload_model("tiny_mlp"), unavailable)
 
 
 def test_repository_index_lists_every_served_version(

@@ -1,0 +1,107 @@
+"""What this gateway serves: the models of the current desired state, and where to route.
+
+The catalog stands where the repository stood (``resolve``, iteration, ``models``) and
+changes with the desired state (:mod:`weir.control`). A request that names no version goes
+to a version that a live worker serves, chosen by the model's traffic weights when it has
+some, else the newest; while a new version warms up, requests keep going to the version it
+replaces. A request that names a version always gets that version.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from collections.abc import Iterator
+
+from redis.asyncio import Redis
+
+from pipelines.graph import Pipeline, load_pipelines
+from pipelines.route import Router
+from weir.control.desired import DesiredState
+from weir.errors import NotFound
+from weir.repository import ModelEntry, Repository, shown
+from weir.workload import MeshView
+
+logger = logging.getLogger(__name__)
+
+
+class Catalog:
+    """The served models by name, and the mesh's view of who serves them."""
+
+    def __init__(self, redis: Redis, repository: Repository) -> None:
+        self.redis = redis
+        self.root = repository.root
+        self.models: dict[str, ModelEntry] = dict(repository.models)
+        self.router = Router(redis, load_pipelines(repository))
+        self.view = MeshView()
+        self.weights: dict[str, dict[str, int]] = {}
+        self.reasons: dict[str, str] = {}
+        # Versions of earlier generations: a request with no version may still go there
+        # while the versions replacing them warm up (their lanes serve until drained).
+        self.earlier: dict[str, set[str]] = {}
+        self.generation = 0
+
+    @property
+    def pipelines(self) -> dict[str, Pipeline]:
+        return self.router.pipelines
+
+    def apply(self, state: DesiredState) -> None:
+        """Serve what ``state`` says; a state this gateway cannot build changes nothing."""
+        repository = state.repository(self.root)
+        for name, entry in self.models.items():
+            self.earlier.setdefault(name, set()).update(entry.versions)
+        self.models = dict(repository.models)
+        self.router = Router(self.redis, load_pipelines(repository))
+        self.weights = {n: dict(m.weights) for n, m in state.models.items() if m.weights}
+        self.reasons = dict(state.reasons)
+        self.generation = state.generation
+        logger.info(
+            "serving generation %d: %s",
+            state.generation,
+            ", ".join(sorted(self.models)) or "nothing",
+        )
+
+    def __iter__(self) -> Iterator[ModelEntry]:
+        return iter(list(self.models.values()))
+
+    def resolve(self, name: str, version: str | None = None) -> tuple[ModelEntry, str]:
+        """The model and the version to serve; a missing version is routed (module doc)."""
+        entry = self.models.get(name)
+        if entry is None:
+            reason = self.reasons.get(name)
+            detail = f" ({shown(reason)})" if reason else ""
+            raise NotFound(f"Request for unknown model: '{shown(name)}' is not found{detail}")
+        if not version:
+            return entry, self.route(entry)
+        if version not in entry.versions:
+            raise NotFound(
+                f"Request for unknown model: '{shown(name)}' version {shown(version)} is not found"
+            )
+        return entry, version
+
+    def route(self, entry: ModelEntry) -> str:
+        """The version a request naming none goes to."""
+        if entry.config.is_ensemble or (len(entry.versions) == 1 and not self.earlier):
+            return entry.latest
+        live = [v for v in entry.versions if self.view.serves(entry.name, v)]
+        weights = self.weights.get(entry.name)
+        if weights:
+            weighted = [v for v in live if weights.get(v, 0) > 0]
+            if weighted:
+                return random.choices(weighted, [weights[v] for v in weighted])[0]
+        if live:
+            return live[-1]
+        earlier = self.earlier.get(entry.name, set()) - set(entry.versions)
+        waiting = sorted(
+            (v for v in earlier if self.view.serves(entry.name, v)), key=_version_order
+        )
+        return waiting[-1] if waiting else entry.latest
+
+    def forget_earlier(self) -> None:
+        """Drop earlier versions no live worker serves any more."""
+        for name, versions in self.earlier.items():
+            versions.intersection_update(v for v in versions if self.view.serves(name, v))
+
+
+def _version_order(version: str) -> tuple[int, str]:
+    return (int(version), "") if version.isdigit() else (0, version)

@@ -1,0 +1,92 @@
+"""Changing what a running mesh serves fails no request (mode poll, 30 clients throughout).
+
+While 30 clients keep calling model ``a`` (naming no version): model ``b`` appears in the
+repository and is served, then disappears and is unloaded; version 2 of ``a`` appears and
+``a``'s answers move to it; ``a``'s ``instance_group.count`` changes. Not one request of
+``a`` may fail, and every answer must be the one the version that gave it computes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.conftest import private_mesh
+from tests.lifecycle.helpers import Load, add_version, mlp_config, write_config
+
+POLL_S = 2.0
+
+
+def index(url: str) -> dict[str, dict[str, str]]:
+    models = httpx.post(f"{url}/v2/repository/index", timeout=10).json()
+    return {f"{m['name']}:{m.get('version', '')}": m for m in models}
+
+
+async def until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout_s
+    while not await asyncio.to_thread(condition):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        await asyncio.sleep(0.2)
+
+
+def ready(url: str, key: str) -> bool:
+    return index(url).get(key, {}).get("state") == "READY"
+
+
+def instance_count(url: str, model: str) -> int:
+    config = httpx.get(f"{url}/v2/models/{model}/config", timeout=10).json()
+    return int(sum(group["count"] for group in config["instance_group"]))
+
+
+async def changes(url: str, repository: Path, load: Load) -> dict[str, float]:
+    """Add and remove b, add a's version 2, change a's instances; when each was done."""
+    marks: dict[str, float] = {}
+    await asyncio.sleep(2)  # the load runs on version 1 for a while first
+    write_config(repository / "b", mlp_config("b"))
+    add_version(repository / "b", 1)
+    await until(lambda: ready(url, "b:1"), 30, "b to be served")
+    shutil.rmtree(repository / "b")
+    await until(lambda: "b:1" not in index(url), 30, "b to be unloaded")
+    marks["v2_added"] = time.monotonic()
+    add_version(repository / "a", 2)
+    await until(lambda: ready(url, "a:2"), 30, "a:2 to be served")
+    marks["v2_ready"] = time.monotonic()
+    await asyncio.sleep(3)
+    write_config(
+        repository / "a", mlp_config("a", instance_group=[{"kind": "KIND_CPU", "count": 2}])
+    )
+    await until(lambda: instance_count(url, "a") == 2, 30, "a's new config")
+    await until(lambda: ready(url, "a:2"), 30, "a:2 with two instances")
+    await asyncio.sleep(3)
+    load.stop.set()
+    return marks
+
+
+@pytest.mark.timeout(240)
+async def test_loads_unloads_version_swaps_and_config_changes_fail_no_request(
+    tmp_path: Path,
+) -> None:
+    write_config(tmp_path / "a", mlp_config("a"))
+    add_version(tmp_path / "a", 1)
+    env = {
+        "WEIR_MODEL_CONTROL_MODE": "poll",
+        "WEIR_REPOSITORY_POLL_SECS": str(POLL_S),
+    }
+    with private_mesh(tmp_path, env) as mesh:
+        load = Load(mesh.url, "a", concurrency=30)
+        answers, marks = await asyncio.gather(load.run(200), changes(mesh.url, tmp_path, load))
+
+    assert len(answers) > 300
+    failures = load.failures()
+    assert not failures, f"{len(failures)} of {len(answers)} failed, first: {failures[:3]}"
+    switch_by = marks["v2_added"] + 2 * POLL_S
+    assert load.versions_since(switch_by + 3) == {"2"}, "a kept answering from version 1"
+    assert "1" in {a.version for a in answers if a.sent_s < marks["v2_added"]}
+    first_v2 = min(a.sent_s for a in answers if a.version == "2")
+    assert first_v2 <= switch_by, f"version 2 answered {first_v2 - marks['v2_added']:.1f} s late"
