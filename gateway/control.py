@@ -20,6 +20,7 @@ from redis.exceptions import RedisError
 
 from gateway.catalog import Catalog
 from weir import names
+from weir.control import uploads
 from weir.control.controller import Controller
 from weir.control.desired import ControlMode, DesiredState
 from weir.control.follower import Follower
@@ -50,7 +51,10 @@ class ControlLoop:
             settings.default_max_batch_size,
             settle_s=SETTLE_PERIODS * settings.control_refresh_s,
         )
-        self.follower = Follower(self.controller.store, settings.control_refresh_s, self.apply)
+        self.uploads_dir = settings.uploads_dir or uploads.default_dir()
+        self.follower = Follower(
+            self.controller.store, settings.control_refresh_s, self.apply, self.localize
+        )
         self.state = DesiredState()
         self.next_poll = 0.0
         self.changed = asyncio.Event()  # set at each refresh, for the load calls waiting
@@ -77,6 +81,10 @@ class ControlLoop:
     async def poll(self) -> None:
         self.next_poll = time.monotonic() + self.settings.repository_poll_secs
         await self.controller.poll_once()
+
+    async def localize(self, state: DesiredState) -> DesiredState:
+        """``state`` with the files of uploaded models written on this host."""
+        return await uploads.localize(self.redis, state, self.uploads_dir)
 
     async def apply(self, state: DesiredState) -> None:
         try:

@@ -10,12 +10,15 @@ traffic weights, changed with :func:`set_weights`.
 
 from __future__ import annotations
 
+import asyncio
+import base64
 import json
 import time
 from typing import Any
 
 from gateway.control import ControlLoop
 from gateway.state import GatewayState
+from weir.control import uploads
 from weir.control.controller import UNLOADED
 from weir.control.desired import ControlMode, DesiredModel, DesiredState
 from weir.errors import ConfigError, InvalidInput, Unavailable, WeirError
@@ -30,7 +33,7 @@ def index(state: GatewayState, ready_only: bool = False) -> list[dict[str, str]]
     catalog = state.catalog
     listed: list[dict[str, str]] = []
     on_disk = {d.name for d in model_dirs(catalog.root)}
-    for name in sorted(on_disk | set(catalog.models)):
+    for name in sorted(on_disk | set(catalog.models) | set(catalog.reasons)):
         entry = catalog.models.get(name)
         if entry is None:
             reason = catalog.reasons.get(name, "not loaded")
@@ -72,18 +75,16 @@ async def load(state: GatewayState, name: str, parameters: dict[str, Any]) -> No
     """Load or reload ``name``; returns once the mesh serves it (WeirError otherwise)."""
     control = _explicit(state)
     override = _config_override(parameters)
-    if any(key.startswith("file:") for key in parameters):
-        raise InvalidInput(
-            f"failed to load '{name}': model files sent with a load request are not "
-            "supported; put them in the repository"
-        )
+    files = _files(name, parameters, state.settings.model_upload_limit_bytes)
     before = control.state
     try:
-        desired = await control.controller.load(name, override)
+        if files:
+            desired = await _load_files(control, name, override, files)
+        else:
+            desired = await control.controller.load(name, override)
     except ConfigError as exc:
         raise InvalidInput(f"failed to load '{name}': {exc}") from None
     await control.follower.check()
-    await control.apply(desired)
     loaded = [m for n, m in desired.models.items() if _changed(before, m)] or [desired.models[name]]
     await _wait_loaded(state, control, name, loaded, before)
 
@@ -139,8 +140,8 @@ async def _undo(
             current = current.with_reason(model.name, f"load failed: {reason}")
         return current
 
-    control.state = await control.controller.store.update(change)
-    await control.apply(control.state)
+    await control.controller.store.update(change)
+    await control.follower.check()
 
 
 async def unload(state: GatewayState, name: str, parameters: dict[str, Any]) -> None:
@@ -151,7 +152,7 @@ async def unload(state: GatewayState, name: str, parameters: dict[str, Any]) -> 
         raise InvalidInput("parameter 'unload_dependents' must be a boolean")
     before = control.state
     desired = await control.controller.unload(name, dependents)
-    await control.apply(desired)
+    await control.follower.check()
     gone = [m for n, m in before.models.items() if n not in desired.models]
     deadline = time.monotonic() + state.settings.model_load_timeout_s
     while time.monotonic() < deadline:
@@ -169,12 +170,10 @@ async def set_weights(state: GatewayState, name: str, weights: Any) -> None:
     ):
         raise InvalidInput("weights must map version names to whole numbers")
     try:
-        desired = await control.controller.set_weights(
-            name, {str(k): w for k, w in weights.items()}
-        )
+        await control.controller.set_weights(name, {str(k): w for k, w in weights.items()})
     except ConfigError as exc:
         raise InvalidInput(str(exc)) from None
-    await control.apply(desired)
+    await control.follower.check()
 
 
 def _loop(state: GatewayState) -> ControlLoop:
@@ -189,6 +188,43 @@ def _explicit(state: GatewayState, allow_poll: bool = False) -> ControlLoop:
     if control.mode not in allowed:
         raise Unavailable(NOT_ALLOWED)
     return control
+
+
+def _files(name: str, parameters: dict[str, Any], limit_bytes: int) -> dict[str, bytes]:
+    """The model files a load carries (``file:<path>``: base64 over HTTP, bytes over gRPC)."""
+    files: dict[str, bytes] = {}
+    for key, value in parameters.items():
+        if not key.startswith(uploads.FILE_PARAMETER):
+            continue
+        if isinstance(value, str):
+            try:
+                value = base64.b64decode(value, validate=True)
+            except ValueError:
+                raise InvalidInput(f"failed to load '{name}': '{key}' is not base64") from None
+        if not isinstance(value, bytes):
+            raise InvalidInput(f"failed to load '{name}': '{key}' must be the file's bytes")
+        files[key.removeprefix(uploads.FILE_PARAMETER)] = value
+    if files:
+        if "config" not in parameters:
+            raise InvalidInput(
+                f"failed to load '{name}': the model config ('config') must come with its files"
+            )
+        try:
+            uploads.check_files(name, files, limit_bytes)
+        except ValueError as exc:
+            raise InvalidInput(f"failed to load '{name}': {exc}") from None
+    return files
+
+
+async def _load_files(
+    control: ControlLoop, name: str, override: dict[str, Any] | None, files: dict[str, bytes]
+) -> DesiredState:
+    """Keep the files in Redis for every host, write them here, resolve them here."""
+    digest = uploads.digest_of(name, json.dumps(override, sort_keys=True).encode(), files)
+    local = await asyncio.to_thread(uploads.write_tree, control.uploads_dir, digest, name, files)
+    await uploads.store(control.redis, digest, files)
+    stored = uploads.UPLOAD_PREFIX + digest
+    return await control.controller.load(name, override, local.parent, stored)
 
 
 def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:

@@ -15,7 +15,7 @@ drops the duplicate answers) and never a step twice for two different causes.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 from redis.asyncio import Redis
@@ -105,7 +105,7 @@ class Effects:
 
 
 def _pack(tensor: Tensor) -> bytes:
-    return msgpack.packb(tensor.to_wire(), use_bin_type=True)
+    return cast(bytes, msgpack.packb(tensor.to_wire(), use_bin_type=True))
 
 
 def _unpack(raw: bytes) -> Tensor:

@@ -88,3 +88,8 @@ def desired_state() -> str:
 def desired_generation() -> str:
     """The desired state's generation number, which every service polls."""
     return f"{PREFIX}:{{control}}:generation"
+
+
+def uploaded_files(digest: str) -> str:
+    """The files a load request carried (a hash: path in the model directory -> bytes)."""
+    return f"{PREFIX}:{{control}}:files:{digest}"

@@ -66,6 +66,12 @@ class ServiceSettings(BaseSettings):
         description="longest a version taken out of service keeps its lanes for the requests "
         "it accepted",
     )
+    uploads_dir: Path | None = _shared(
+        "uploads_dir",
+        None,
+        description="where a service writes the model files that load requests carried "
+        "(default: weir-uploads in the temporary directory)",
+    )
     default_max_batch_size: int = _shared(
         "default_max_batch_size",
         4,

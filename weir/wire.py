@@ -18,7 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 
@@ -40,7 +40,7 @@ def now_ns() -> int:
 
 
 def _pack(value: dict[str, Any]) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    return cast(bytes, msgpack.packb(value, use_bin_type=True))
 
 
 def _unpack(raw: bytes) -> dict[str, Any]:
@@ -159,7 +159,7 @@ def request_fields(request: InferRequest, batch: int, level: int = 0) -> dict[by
 
 def encode_batch(payloads: list[bytes]) -> bytes:
     """A batch entry: the member requests' encoded payloads, in arrival order."""
-    return msgpack.packb(payloads, use_bin_type=True)
+    return cast(bytes, msgpack.packb(payloads, use_bin_type=True))
 
 
 def flat_field(flat: list[bytes], name: bytes) -> bytes:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from typing import cast
 
 import msgpack
 
@@ -20,7 +21,7 @@ def encode_served(
     failed: Iterable[tuple[str, str, str, str]] = (),
 ) -> bytes:
     report = {"served": [list(s) for s in served], "failed": [list(f) for f in failed]}
-    return bytes(msgpack.packb(report))
+    return cast(bytes, msgpack.packb(report))
 
 
 @dataclass(slots=True)

@@ -26,6 +26,7 @@ from pipelines.route import Router
 from weir import names, wire
 from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
+from weir.control import uploads
 from weir.control.desired import ControlMode, DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
 from weir.errors import ConfigError
@@ -90,7 +91,13 @@ class Worker(Service):
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
         )
         self.trimmer = Trimmer(self.redis, names.WORKER_GROUP, [])
-        self.follower = Follower(DesiredStore(self.redis), settings.control_refresh_s, self._follow)
+        uploads_dir = settings.uploads_dir or uploads.default_dir()
+        self.follower = Follower(
+            DesiredStore(self.redis),
+            settings.control_refresh_s,
+            self._follow,
+            lambda state: uploads.localize(self.redis, state, uploads_dir),
+        )
 
     @property
     def lanes(self) -> list[WorkerLane]:

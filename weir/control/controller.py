@@ -15,6 +15,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Iterable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -51,12 +52,18 @@ class Controller:
         self.ready_since: dict[tuple[str, tuple[str, ...]], float] = {}
 
     async def load(
-        self, name: str, override: dict[str, Any] | None = None, root: Path | None = None
+        self,
+        name: str,
+        override: dict[str, Any] | None = None,
+        root: Path | None = None,
+        stored_path: str = "",
     ) -> DesiredState:
         """Load (or reload) ``name`` and, for a pipeline, its steps, from the files.
 
-        ConfigError, recorded as the model's reason, when it cannot be loaded; what served
-        before goes on serving.
+        ``root``: where the model's directory is, when not in the repository (uploaded
+        files), and ``stored_path`` what the desired state calls that directory. ConfigError,
+        recorded as the model's reason, when it cannot be loaded; what served before goes on
+        serving.
         """
         try:
             models = await asyncio.to_thread(self._resolve_tree, name, override, root)
@@ -64,6 +71,8 @@ class Controller:
             reason = f"load failed: {exc}"
             await self.store.update(lambda s: s.with_reason(name, reason))
             raise
+        if stored_path:
+            models[0] = replace(models[0], path=stored_path)
         await self._open(models)
         return await self.store.update(lambda s: self._put(s, models))
 

@@ -18,7 +18,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import msgpack
 from redis.asyncio import Redis
@@ -94,14 +94,15 @@ class DesiredState:
     reasons: Mapping[str, str] = field(default_factory=dict)
 
     def encode(self) -> bytes:
-        return bytes(
+        return cast(
+            bytes,
             msgpack.packb(
                 {
                     "generation": self.generation,
                     "models": [m.to_wire() for m in self.models.values()],
                     "reasons": dict(self.reasons),
                 }
-            )
+            ),
         )
 
     @classmethod
@@ -129,6 +130,10 @@ class DesiredState:
 Change = Callable[[DesiredState], DesiredState]
 
 
+def as_bytes(value: bytes | str) -> bytes:
+    return value.encode() if isinstance(value, str) else value
+
+
 class DesiredStore:
     """Reads and changes the desired state in Redis."""
 
@@ -144,7 +149,7 @@ class DesiredStore:
 
     async def read(self) -> DesiredState | None:
         raw = await self.redis.get(self.key)
-        return None if raw is None else DesiredState.decode(bytes(raw))
+        return None if raw is None else DesiredState.decode(as_bytes(raw))
 
     async def update(self, change: Change) -> DesiredState:
         """Apply ``change`` atomically; the generation moves only when something changed."""
@@ -153,7 +158,7 @@ class DesiredStore:
                 try:
                     await pipe.watch(self.key, self.generation_key)
                     raw = await pipe.get(self.key)
-                    current = DesiredState() if raw is None else DesiredState.decode(bytes(raw))
+                    current = DesiredState() if raw is None else DesiredState.decode(as_bytes(raw))
                     changed = change(current)
                     if changed == current and raw is not None:
                         return current

@@ -22,22 +22,30 @@ from weir.control.desired import DesiredState, DesiredStore
 logger = logging.getLogger(__name__)
 
 Apply = Callable[[DesiredState], Awaitable[None]]
+Prepare = Callable[[DesiredState], Awaitable[DesiredState]]
 
 
 class Follower:
     """Calls ``apply`` with each new generation of the desired state."""
 
-    def __init__(self, store: DesiredStore, interval_s: float, apply: Apply) -> None:
+    def __init__(
+        self,
+        store: DesiredStore,
+        interval_s: float,
+        apply: Apply,
+        prepare: Prepare | None = None,
+    ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.apply = apply
+        self.prepare = prepare  # e.g. write the files of uploaded models here
         self.generation: int | None = None
 
     async def first(self) -> DesiredState:
         """The desired state at start (empty when none was ever written)."""
         state = await self.store.read() or DesiredState()
         self.generation = state.generation
-        return state
+        return state if self.prepare is None else await self.prepare(state)
 
     async def check(self) -> None:
         """Apply the desired state if its generation moved."""
@@ -47,6 +55,8 @@ class Follower:
         state = await self.store.read()
         if state is None:
             return
+        if self.prepare is not None:
+            state = await self.prepare(state)
         await self.apply(state)
         self.generation = state.generation
 
