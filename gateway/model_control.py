@@ -18,6 +18,7 @@ from typing import Any
 
 from gateway.control import ControlLoop
 from gateway.state import GatewayState
+from weir import names
 from weir.control import uploads
 from weir.control.controller import UNLOADED
 from weir.control.desired import ControlMode, DesiredModel, DesiredState
@@ -140,7 +141,7 @@ async def _undo(
             current = current.with_reason(model.name, f"load failed: {reason}")
         return current
 
-    await control.controller.store.update(change)
+    await control.controller.update(change)
     await control.follower.check()
 
 
@@ -224,7 +225,11 @@ async def _load_files(
     local = await asyncio.to_thread(uploads.write_tree, control.uploads_dir, digest, name, files)
     await uploads.store(control.redis, digest, files)
     stored = uploads.UPLOAD_PREFIX + digest
-    return await control.controller.load(name, override, local.parent, stored)
+    try:
+        return await control.controller.load(name, override, local.parent, stored)
+    except ConfigError:
+        await control.redis.delete(names.uploaded_files(digest))
+        raise
 
 
 def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:

@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+import redis
 import torch
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -61,7 +62,12 @@ def mesh(
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")
         wait_until(lambda: _ready(client), 60, "the gateway")
         try:
-            yield {"root": root, "http": client, "grpc": f"127.0.0.1:{grpc_port}"}
+            yield {
+                "root": root,
+                "http": client,
+                "grpc": f"127.0.0.1:{grpc_port}",
+                "redis": server.url,
+            }
         finally:
             client.close()
             topology.stop_all()
@@ -72,6 +78,11 @@ def _ready(client: httpclient.InferenceServerClient) -> bool:
         return bool(client.is_server_ready())
     except Exception:
         return False
+
+
+def uploaded_keys(url: str) -> list[bytes]:
+    with redis.Redis.from_url(url) as client:
+        return list(client.scan_iter(match="weir:{control}:files:*"))
 
 
 def onnx_bytes() -> bytes:
@@ -105,9 +116,11 @@ def test_a_model_sent_over_grpc_loads_and_unloads(mesh: dict[str, Any]) -> None:
             "sent_grpc", config=json.dumps(CONFIG), files={"file:1/model.onnx": onnx_bytes()}
         )
         assert client.is_model_ready("sent_grpc")
+        kept = uploaded_keys(mesh["redis"])
         client.unload_model("sent_grpc")
         index = client.get_model_repository_index(as_json=True)["models"]
         assert {"name": "sent_grpc", "state": "UNAVAILABLE", "reason": "unloaded"} in index
+        assert len(uploaded_keys(mesh["redis"])) == len(kept) - 1  # its files went with it
     finally:
         client.close()
 
@@ -129,6 +142,7 @@ def test_a_model_sent_over_grpc_loads_and_unloads(mesh: dict[str, Any]) -> None:
 def test_bad_uploads_are_refused_with_the_reason(
     mesh: dict[str, Any], config: dict[str, Any] | None, files: dict[str, bytes], message: str
 ) -> None:
+    kept = uploaded_keys(mesh["redis"])
     with pytest.raises(InferenceServerException) as caught:
         mesh["http"].load_model(
             "refused", config=json.dumps(config) if config else None, files=files
@@ -136,3 +150,4 @@ def test_bad_uploads_are_refused_with_the_reason(
     assert caught.value.status() == "400"
     assert message in caught.value.message()
     assert "failed to load 'refused'" in caught.value.message()
+    assert uploaded_keys(mesh["redis"]) == kept  # a refused load leaves no files in Redis

@@ -22,8 +22,9 @@ from typing import Any
 from redis.asyncio import Redis
 
 from weir import names
-from weir.control.desired import DesiredModel, DesiredState, DesiredStore
+from weir.control.desired import Change, DesiredModel, DesiredState, DesiredStore
 from weir.control.resolve import check_weights, model_signature, resolve, steps_of
+from weir.control.uploads import UPLOAD_PREFIX
 from weir.errors import ConfigError
 from weir.repository import model_dirs
 from weir.workload import MeshView
@@ -69,12 +70,27 @@ class Controller:
             models = await asyncio.to_thread(self._resolve_tree, name, override, root)
         except ConfigError as exc:
             reason = f"load failed: {exc}"
-            await self.store.update(lambda s: s.with_reason(name, reason))
+            await self.update(lambda s: s.with_reason(name, reason))
             raise
         if stored_path:
             models[0] = replace(models[0], path=stored_path)
         await self._open(models)
-        return await self.store.update(lambda s: self._put(s, models))
+        return await self.update(lambda s: self._put(s, models))
+
+    async def update(self, change: Change) -> DesiredState:
+        """Change the desired state; drop the uploaded files no model uses any more."""
+        used_before: set[str] = set()
+
+        def tracked(state: DesiredState) -> DesiredState:
+            used_before.clear()
+            used_before.update(_uploads(state))
+            return change(state)
+
+        state = await self.store.update(tracked)
+        unused = used_before - _uploads(state)
+        if unused:
+            await self.redis.delete(*(names.uploaded_files(d) for d in unused))
+        return state
 
     def _resolve_tree(
         self, name: str, override: dict[str, Any] | None, root: Path | None
@@ -109,10 +125,10 @@ class Controller:
         """
         state = await self.store.read() or DesiredState()
         if name not in state.models:
-            return await self.store.update(lambda s: s if name in s.reasons else _remove(s, ()))
+            return await self.update(lambda s: s if name in s.reasons else _remove(s, ()))
         gone = _unload_set(state, name, unload_dependents)
         await self._close(state.models[n] for n in gone)
-        return await self.store.update(lambda s: _remove(s, gone))
+        return await self.update(lambda s: _remove(s, gone))
 
     async def set_weights(self, name: str, weights: dict[str, int]) -> DesiredState:
         """Split requests that name no version between served versions by ``weights``."""
@@ -125,7 +141,7 @@ class Controller:
                 check_weights(weights, model.versions, name)
             return state.with_model(_with_weights(model, weights))
 
-        return await self.store.update(change)
+        return await self.update(change)
 
     async def poll_once(self) -> DesiredState:
         """Follow the repository's files: new, changed and removed models."""
@@ -149,7 +165,7 @@ class Controller:
             return _drop_broken_pipelines(_remove(current, removed), self.root)
 
         self.signatures = signatures  # a model that failed is tried again when it changes
-        return await self.store.update(change)
+        return await self.update(change)
 
     def _resolve_many(
         self, names_: list[str], state: DesiredState
@@ -211,6 +227,15 @@ class Controller:
             for model in models:
                 pipe.delete(names.serving_versions(model.name))
             await pipe.execute()
+
+
+def _uploads(state: DesiredState) -> set[str]:
+    """The digests of the uploaded files the models of ``state`` are loaded from."""
+    return {
+        m.path.removeprefix(UPLOAD_PREFIX)
+        for m in state.models.values()
+        if m.path.startswith(UPLOAD_PREFIX)
+    }
 
 
 def _with_weights(model: DesiredModel, weights: dict[str, int]) -> DesiredModel:
