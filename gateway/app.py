@@ -99,10 +99,12 @@ def create_app(
                 await grpc_server.stop()
             if exporter is not None:
                 exporter.close()
+            # Bounded: a task whose Redis call turned the cancellation into an error it
+            # retries must not hold the shutdown past the grace period.
+            control.stop()
             for task in (reader, controlling):
                 task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            await asyncio.wait((reader, controlling), timeout=settings.shutdown_grace_s)
             await mesh.close()
             await redis.aclose()
             shm.close()

@@ -58,6 +58,7 @@ class ControlLoop:
         self.state = DesiredState()
         self.next_poll = 0.0
         self.changed = asyncio.Event()  # set at each refresh, for the load calls waiting
+        self.stopping = False
 
     async def start(self) -> None:
         """Seed the desired state as the mode says, and serve it."""
@@ -105,9 +106,12 @@ class ControlLoop:
             await self.poll()
         await self.controller.settle(self.state, self.catalog.view)
 
+    def stop(self) -> None:
+        self.stopping = True
+
     async def run(self) -> None:
-        """Refresh until cancelled."""
-        while True:
+        """Refresh until stopped (or cancelled)."""
+        while not self.stopping:
             try:
                 await self.refresh()
             except RedisError as exc:
