@@ -5,7 +5,6 @@ The lifespan also runs the gRPC endpoint (:mod:`gateway.grpc_server`) on the sam
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import gc
 import logging
@@ -33,6 +32,7 @@ from weir.connection import connect
 from weir.control.desired import ControlMode
 from weir.errors import WeirError
 from weir.repository import Repository
+from weir.service import TaskSet
 from weir.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -68,8 +68,9 @@ def create_app(
             follow = settings.model_control_mode is not ControlMode.NONE
             registry.register(MeshCollector(settings.redis_url, catalog, follow))
             exporter = MetricsServer(registry, settings.host, settings.metrics_port)
-        reader = asyncio.create_task(mesh.read_replies(), name="reply reader")
-        controlling = asyncio.create_task(control.run(), name="model control")
+        tasks = TaskSet()
+        tasks.spawn(mesh.read_replies(), "reply reader")
+        tasks.spawn(control.run(), "model control")
         logger.info("gateway %s serving %d models", mesh.gateway_id, len(catalog.models))
         if settings.inference_token is None:
             ports = f"{settings.http_port}"
@@ -99,12 +100,8 @@ def create_app(
                 await grpc_server.stop()
             if exporter is not None:
                 exporter.close()
-            # Bounded: a task whose Redis call turned the cancellation into an error it
-            # retries must not hold the shutdown past the grace period.
             control.stop()
-            for task in (reader, controlling):
-                task.cancel()
-            await asyncio.wait((reader, controlling), timeout=settings.shutdown_grace_s)
+            await tasks.cancel_all(settings.shutdown_grace_s)
             await mesh.close()
             await redis.aclose()
             shm.close()

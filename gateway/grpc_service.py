@@ -163,7 +163,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def RepositoryIndex(self, request: Any, context: Any) -> Any:
         self._authorize(context, Scope.MANAGEMENT)
         response = service_pb2.RepositoryIndexResponse()
-        for model in model_control.index(self.state, request.ready):
+        for model in await model_control.index(self.state, request.ready):
             response.models.add(**model)
         return response
 

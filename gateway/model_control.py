@@ -16,6 +16,8 @@ import json
 import time
 from typing import Any
 
+from redis.exceptions import RedisError
+
 from gateway.control import ControlLoop
 from gateway.state import GatewayState
 from weir import names
@@ -23,15 +25,22 @@ from weir.control import uploads
 from weir.control.controller import UNLOADED
 from weir.control.desired import ControlMode, DesiredModel, DesiredState
 from weir.errors import ConfigError, InvalidInput, Unavailable, WeirError
+from weir.liveness import live_consumers
 from weir.repository import ModelEntry, model_dirs
+from weir.workload import MeshView, mesh_view
 
 NOT_ALLOWED = "explicit model load / unload is not allowed if polling is enabled"
 
 
-def index(state: GatewayState, ready_only: bool = False) -> list[dict[str, str]]:
-    """Every model of the repository and every model served, with its state and reason."""
+async def index(state: GatewayState, ready_only: bool = False) -> list[dict[str, str]]:
+    """Every model of the repository and every model served, with its state and reason.
+
+    Read from what the live workers serve now, as readiness is: the control loop's view
+    may be a refresh old, and the index must not say LOADING once the server says ready.
+    """
     control = _loop(state)
     catalog = state.catalog
+    view = await _live_view(state)
     listed: list[dict[str, str]] = []
     on_disk = {d.name for d in model_dirs(catalog.root)}
     for name in sorted(on_disk | set(catalog.models) | set(catalog.reasons)):
@@ -40,17 +49,25 @@ def index(state: GatewayState, ready_only: bool = False) -> list[dict[str, str]]
             reason = catalog.reasons.get(name, "not loaded")
             listed.append({"name": name, "state": "UNAVAILABLE", "reason": reason})
             continue
-        listed.extend(_versions(state, control, entry))
+        listed.extend(_versions(state, control, view, entry))
     return [m for m in listed if m.get("state") == "READY"] if ready_only else listed
 
 
-def _versions(state: GatewayState, control: ControlLoop, entry: ModelEntry) -> list[dict[str, str]]:
-    view = state.catalog.view
+async def _live_view(state: GatewayState) -> MeshView:
+    try:
+        return mesh_view(await live_consumers(state.redis, names.WORKER_GROUP))
+    except RedisError as exc:
+        raise Unavailable(f"Redis is unreachable: {exc}") from None
+
+
+def _versions(
+    state: GatewayState, control: ControlLoop, view: MeshView, entry: ModelEntry
+) -> list[dict[str, str]]:
     rows = []
     for version in entry.versions:
         stamp = entry.stamp(version)
-        failure = view.failure(entry.name, version, stamp)
-        if _served(state, entry, version, stamp):
+        failure = view.failure(entry.name, version, entry.failure_stamp(version))
+        if _served(state, view, entry, version, stamp):
             row = {"state": "READY", "reason": ""}
         elif failure:
             row = {"state": "UNAVAILABLE", "reason": failure}
@@ -64,8 +81,9 @@ def _versions(state: GatewayState, control: ControlLoop, entry: ModelEntry) -> l
     return rows
 
 
-def _served(state: GatewayState, entry: ModelEntry, version: str, stamp: str) -> bool:
-    view = state.catalog.view
+def _served(
+    state: GatewayState, view: MeshView, entry: ModelEntry, version: str, stamp: str
+) -> bool:
     if entry.config.is_ensemble:
         steps = state.catalog.pipelines[entry.name].steps
         return all(view.serves(s.model, s.version) for s in steps)
@@ -82,12 +100,23 @@ async def load(state: GatewayState, name: str, parameters: dict[str, Any]) -> No
         if files:
             desired = await _load_files(control, name, override, files)
         else:
-            desired = await control.controller.load(name, override)
+            retry = await _failed_before(state, name)
+            desired = await control.controller.load(name, override, retry=retry)
     except ConfigError as exc:
+        await control.follower.check()  # the reason it recorded, for this gateway's index
         raise InvalidInput(f"failed to load '{name}': {exc}") from None
     await control.follower.check()
     loaded = [m for n, m in desired.models.items() if _changed(before, m)] or [desired.models[name]]
     await _wait_loaded(state, control, name, loaded, before)
+
+
+async def _failed_before(state: GatewayState, name: str) -> bool:
+    """Whether a worker failed to load ``name`` as it is: a load asked again retries it."""
+    entry = state.catalog.models.get(name)
+    if entry is None:
+        return False
+    view = await _live_view(state)
+    return any(view.failure(name, v, entry.failure_stamp(v)) for v in entry.versions)
 
 
 def _changed(before: DesiredState, model: DesiredModel) -> bool:
@@ -106,7 +135,7 @@ async def _wait_loaded(
         view = state.catalog.view
         for model in models:
             for version in model.versions:
-                failure = view.failure(model.name, version, model.stamps[version])
+                failure = view.failure(model.name, version, model.failure_stamp(version))
                 if failure:
                     await _undo(control, models, before, failure)
                     raise InvalidInput(f"failed to load '{name}': {failure}")

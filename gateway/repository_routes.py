@@ -29,7 +29,7 @@ async def repository_index(request: Request) -> Response:
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidInput("'ready' must be a boolean")
-    models = model_control.index(gateway_state(request), ready)
+    models = await model_control.index(gateway_state(request), ready)
     return Response(orjson.dumps(models), media_type="application/json")
 
 

@@ -44,9 +44,16 @@ class ModelEntry:
     # Per served version, what identifies its config and files in a model control mode (a
     # lane serves one stamp; a new stamp is a reload). Empty in mode none.
     stamps: Mapping[str, str] = field(default_factory=dict)
+    # How many times a load was asked again of this unchanged model: a lane that failed to
+    # load is tried again on a new attempt.
+    attempt: int = 0
 
     def stamp(self, version: str) -> str:
         return self.stamps.get(version, "")
+
+    def failure_stamp(self, version: str) -> str:
+        """What a worker reports a failed load of ``version`` under (per attempt)."""
+        return attempt_stamp(self.stamp(version), self.attempt)
 
     @property
     def name(self) -> str:
@@ -63,6 +70,11 @@ class ModelEntry:
     def config_file(self) -> Path:
         """The file the config was read from (the model directory when there is none)."""
         return _config_path(self.path) or self.path
+
+
+def attempt_stamp(stamp: str, attempt: int) -> str:
+    """A lane's stamp as a failed load of it is reported: one per load attempt."""
+    return f"{stamp}+{attempt}" if attempt else stamp
 
 
 class Repository:

@@ -18,6 +18,7 @@ from typing import Any
 logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
+RECANCEL_S = 0.1  # how often TaskSet.cancel_all cancels again a task that did not end
 
 
 class TaskSet:
@@ -41,12 +42,23 @@ class TaskSet:
         return len(self._tasks)
 
     async def cancel_all(self, timeout_s: float) -> None:
-        """Cancel every task and wait for them, at most ``timeout_s``."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        if tasks:
-            await asyncio.wait(tasks, timeout=timeout_s)
+        """Cancel every task and wait for them, at most ``timeout_s``.
+
+        A task still running is cancelled again every ``RECANCEL_S``: on Python 3.11
+        ``asyncio.wait_for`` drops a cancellation that arrives as the call it waits on
+        completes (CPython gh-86296), and redis-py sends every command through it, so a loop
+        around Redis calls can survive one ``cancel()`` and run on.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        pending = set(self._tasks)
+        while pending:
+            for task in pending:
+                task.cancel()
+            left = deadline - loop.time()
+            if left <= 0:
+                return
+            _, pending = await asyncio.wait(pending, timeout=min(left, RECANCEL_S))
 
 
 class Service(ABC):

@@ -81,6 +81,7 @@ class Worker(Service):
         self.loading: dict[LaneKey, str] = {}  # lanes loading, with the stamp they load
         self.failed: dict[tuple[str, str, str], str] = {}
         self.retiring: set[LaneKey] = set()
+        self.wanted: dict[LaneKey, str] = {}  # the lanes the desired state names, by stamp
         self.retirement = Retirement(self.redis, settings.retire_timeout_s)
         self.router = Router(self.redis, {})
         self.tasks = TaskSet()
@@ -188,18 +189,20 @@ class Worker(Service):
             logger.error("cannot serve generation %d: %s", state.generation, exc)
             return
         self.router = Router(self.redis, load_pipelines(repository))
-        wanted: dict[LaneKey, str] = {}
+        wanted = self.wanted = {}
+        failures: dict[LaneKey, str] = {}
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
                 wanted[(entry.name, version)] = entry.stamp(version)
+                failures[(entry.name, version)] = entry.failure_stamp(version)
                 self._ensure(entry, version, count)
         for run in self.runs.values():
             run.lane.router = self.router
         self.retiring = set(self.runs) - set(wanted)
         for key in wanted:
             self.retirement.forget(*key)
-        self.failed = {k: v for k, v in self.failed.items() if wanted.get(k[:2]) == k[2]}
+        self.failed = {k: v for k, v in self.failed.items() if failures.get(k[:2]) == k[2]}
 
     def _ensure(self, entry: ModelEntry, version: str, count: int) -> None:
         """Load the lane in the background unless it runs, loads or failed with this stamp."""
@@ -207,7 +210,7 @@ class Worker(Service):
         run = self.runs.get(key)
         if run is not None and run.lane.stamp == stamp:
             return
-        if self.loading.get(key) == stamp or (*key, stamp) in self.failed:
+        if self.loading.get(key) == stamp or (*key, entry.failure_stamp(version)) in self.failed:
             return
         self.loading[key] = stamp
         self.tasks.spawn(self._load(entry, version, count), f"load {entry.name}:{version}")
@@ -217,14 +220,17 @@ class Worker(Service):
         try:
             runners = await asyncio.to_thread(self._build, entry, version, count)
         except Exception as exc:
-            reason = f"{type(exc).__name__}: {exc}"[:FAILURE_CHARS]
+            reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             logger.error("cannot load %s:%s: %s", entry.name, version, reason)
-            self.failed[(*key, stamp)] = reason
+            self.failed[(*key, entry.failure_stamp(version))] = reason[:FAILURE_CHARS]
             await self.heartbeat.beat()
             return
         finally:
             if self.loading.get(key) == stamp:
                 del self.loading[key]
+        if self.wanted.get(key) != stamp:  # unloaded, or a newer config came meanwhile
+            logger.info("lane %s:%s loaded but no longer wanted", entry.name, version)
+            return
         lane = WorkerLane(
             self.link, self.group, entry, version, runners, self.settings, self.router
         )

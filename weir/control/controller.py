@@ -58,13 +58,14 @@ class Controller:
         override: dict[str, Any] | None = None,
         root: Path | None = None,
         stored_path: str = "",
+        retry: bool = False,
     ) -> DesiredState:
         """Load (or reload) ``name`` and, for a pipeline, its steps, from the files.
 
         ``root``: where the model's directory is, when not in the repository (uploaded
-        files), and ``stored_path`` what the desired state calls that directory. ConfigError,
-        recorded as the model's reason, when it cannot be loaded; what served before goes on
-        serving.
+        files), and ``stored_path`` what the desired state calls that directory; ``retry``:
+        the workers try again the loads of it that failed. ConfigError, recorded as the
+        model's reason, when it cannot be loaded; what served before goes on serving.
         """
         try:
             models = await asyncio.to_thread(self._resolve_tree, name, override, root)
@@ -75,7 +76,7 @@ class Controller:
         if stored_path:
             models[0] = replace(models[0], path=stored_path)
         await self._open(models)
-        return await self.update(lambda s: self._put(s, models))
+        return await self.update(lambda s: self._put(s, models, retry))
 
     async def update(self, change: Change) -> DesiredState:
         """Change the desired state; drop the uploaded files no model uses any more."""
@@ -105,14 +106,23 @@ class Controller:
                 pending.extend(steps_of(models[step]))
         return list(models.values())
 
-    def _put(self, state: DesiredState, models: Iterable[DesiredModel]) -> DesiredState:
+    def _put(
+        self, state: DesiredState, models: Iterable[DesiredModel], retry: bool = False
+    ) -> DesiredState:
+        # A load's failures are reported per attempt: a new one (this generation) for each
+        # load that changes the model or retries it, so no worker's report of an earlier
+        # failure is taken for this load's.
+        attempt = state.generation + 1
         for model in models:
             old = state.models.get(model.name)
             if old is not None and model.same_as(old) and model.weights == {}:
-                model = old  # an unchanged reload keeps the weights set by the API
-            elif old is not None and not model.weights:
-                kept = {v: w for v, w in old.weights.items() if v in model.versions}
-                model = _with_weights(model, kept if any(kept.values()) else {})
+                # An unchanged reload keeps the weights set by the API.
+                model = replace(old, attempt=attempt) if retry else old
+            else:
+                if old is not None and not model.weights:
+                    kept = {v: w for v, w in old.weights.items() if v in model.versions}
+                    model = _with_weights(model, kept if any(kept.values()) else {})
+                model = replace(model, attempt=attempt)
             state = state.with_model(model)
         state.repository(self.root)  # ConfigError for a pipeline its steps do not fit
         return state
@@ -239,7 +249,7 @@ def _uploads(state: DesiredState) -> set[str]:
 
 
 def _with_weights(model: DesiredModel, weights: dict[str, int]) -> DesiredModel:
-    return DesiredModel(model.name, model.path, model.config, model.versions, model.stamps, weights)
+    return replace(model, weights=weights)
 
 
 def _unload_set(state: DesiredState, name: str, unload_dependents: bool) -> set[str]:

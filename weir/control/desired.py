@@ -26,7 +26,7 @@ from redis.exceptions import WatchError
 
 from weir import names
 from weir.config import config_from_raw
-from weir.repository import ModelEntry, Repository
+from weir.repository import ModelEntry, Repository, attempt_stamp
 
 
 class ControlMode(StrEnum):
@@ -47,6 +47,7 @@ class DesiredModel:
     versions: tuple[str, ...]
     stamps: Mapping[str, str]
     weights: Mapping[str, int] = field(default_factory=dict)
+    attempt: int = 0  # raised by a load asked again of a model that failed to load
 
     def to_wire(self) -> dict[str, Any]:
         return {
@@ -56,6 +57,7 @@ class DesiredModel:
             "versions": list(self.versions),
             "stamps": dict(self.stamps),
             "weights": dict(self.weights),
+            "attempt": self.attempt,
         }
 
     @classmethod
@@ -67,7 +69,11 @@ class DesiredModel:
             tuple(str(v) for v in raw["versions"]),
             {str(k): str(v) for k, v in raw["stamps"].items()},
             {str(k): int(v) for k, v in raw.get("weights", {}).items()},
+            int(raw.get("attempt", 0)),
         )
+
+    def failure_stamp(self, version: str) -> str:
+        return attempt_stamp(self.stamps[version], self.attempt)
 
     def same_as(self, other: DesiredModel | None) -> bool:
         """True when serving ``other`` instead would change nothing (weights aside)."""
@@ -82,7 +88,7 @@ class DesiredModel:
         """The repository entry, from the stored config (no file is read)."""
         path = Path(self.path)
         config = config_from_raw(dict(self.config), path, self.name)
-        return ModelEntry(config, path, self.versions, dict(self.stamps))
+        return ModelEntry(config, path, self.versions, dict(self.stamps), self.attempt)
 
 
 @dataclass(frozen=True, slots=True)
