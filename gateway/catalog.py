@@ -40,6 +40,9 @@ class Catalog:
         # while the versions replacing them warm up (their lanes serve until drained).
         self.earlier: dict[str, set[str]] = {}
         self.generation = 0
+        # The models server readiness waits for: those of the first state this gateway
+        # serves and those served since (a model that failed to load is not waited for).
+        self.counted: set[str] | None = None
 
     @property
     def pipelines(self) -> dict[str, Pipeline]:
@@ -55,6 +58,8 @@ class Catalog:
         self.weights = {n: dict(m.weights) for n, m in state.models.items() if m.weights}
         self.reasons = dict(state.reasons)
         self.generation = state.generation
+        if self.counted is None:
+            self.counted = set(self.models)
         logger.info(
             "serving generation %d: %s",
             state.generation,
@@ -96,6 +101,23 @@ class Catalog:
             (v for v in earlier if self.view.serves(entry.name, v)), key=_version_order
         )
         return waiting[-1] if waiting else entry.latest
+
+    def answerable(self, entry: ModelEntry, served: set[tuple[str, str]]) -> bool:
+        """A live worker serves a version that a request naming none may go to."""
+        versions = set(entry.versions) | self.earlier.get(entry.name, set())
+        return any((entry.name, v) in served for v in versions)
+
+    def observe(self, view: MeshView) -> None:
+        """Take in the live workers' view: count what they serve, forget what they left."""
+        self.view = view
+        counted = self.counted if self.counted is not None else set()
+        for name, entry in self.models.items():
+            if any(view.serves(name, v) for v in entry.versions):
+                counted.add(name)
+            elif any(view.failure(name, v, entry.failure_stamp(v)) for v in entry.versions):
+                counted.discard(name)
+        self.counted = counted
+        self.forget_earlier()
 
     def forget_earlier(self) -> None:
         """Drop earlier versions no live worker serves any more."""

@@ -97,8 +97,7 @@ class ControlLoop:
 
     async def refresh(self) -> None:
         """One round: the live view, the desired state, and in a control mode its upkeep."""
-        self.catalog.view = mesh_view(await live_consumers(self.redis, names.WORKER_GROUP))
-        self.catalog.forget_earlier()
+        self.catalog.observe(mesh_view(await live_consumers(self.redis, names.WORKER_GROUP)))
         if self.mode is ControlMode.NONE:
             return
         await self.follower.check()

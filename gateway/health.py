@@ -12,6 +12,7 @@ from redis.exceptions import RedisError
 
 from gateway.state import GatewayState
 from weir import names
+from weir.control.desired import ControlMode
 from weir.errors import Unavailable
 from weir.liveness import live_consumers
 from weir.repository import ModelEntry
@@ -33,9 +34,20 @@ async def served_now(state: GatewayState) -> set[tuple[str, str]]:
 
 
 def serves_all(state: GatewayState, served: set[tuple[str, str]]) -> bool:
-    # A pipeline runs no instances of its own; its steps are the models that must be served.
-    wanted = {(e.name, v) for e in state.repository if not e.config.is_ensemble for v in e.versions}
-    return wanted <= served
+    """Whether the server is ready: it serves what it must.
+
+    Mode none: a live worker serves every version of every model. A model control mode:
+    every model the mesh started with, or has served since, can answer a request that names
+    no version. So a model loading, a new version warming up or a failed load never takes a ready
+    gateway out of its load balancer, while a mesh that starts is ready once its models are.
+    (A pipeline runs no instances of its own; its steps are the models that must be served.)
+    """
+    catalog = state.catalog
+    models = [e for e in catalog if not e.config.is_ensemble]
+    if state.settings.model_control_mode is ControlMode.NONE:
+        return {(e.name, v) for e in models for v in e.versions} <= served
+    counted = catalog.counted or set()
+    return all(catalog.answerable(e, served) for e in models if e.name in counted)
 
 
 def serves_model(

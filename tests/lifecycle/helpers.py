@@ -92,6 +92,15 @@ class Load:
     answers: list[Answer] = field(default_factory=list)
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     rows: np.ndarray = field(default_factory=lambda: sample_rows(64))
+    answered: asyncio.Event = field(default_factory=asyncio.Event)
+
+    async def more(self, count: int, timeout_s: float = 60.0) -> None:
+        """Wait until ``count`` more requests are answered, in the mesh's present state."""
+        target = len(self.answers) + count
+        async with asyncio.timeout(timeout_s):
+            while len(self.answers) < target:
+                self.answered.clear()
+                await self.answered.wait()
 
     async def run(self, max_s: float = 120.0) -> list[Answer]:
         deadline = time.monotonic() + max_s
@@ -105,6 +114,7 @@ class Load:
         i = index
         while not self.stop.is_set() and time.monotonic() < deadline:
             self.answers.append(await self._one(client, self.rows[i % len(self.rows)]))
+            self.answered.set()
             i += self.concurrency
 
     async def _one(self, client: httpx.AsyncClient, row: np.ndarray) -> Answer:

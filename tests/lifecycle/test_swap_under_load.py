@@ -3,12 +3,14 @@
 While 30 clients keep calling model ``a`` (naming no version): model ``b`` appears in the
 repository and is served, then disappears and is unloaded; version 2 of ``a`` appears and
 ``a``'s answers move to it; ``a``'s ``instance_group.count`` changes. Not one request of
-``a`` may fail, and every answer must be the one the version that gave it computes.
+``a`` may fail, every answer must be the one the version that gave it computes, and the
+server stays ready throughout (a load balancer never takes it out).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import shutil
 import time
 from pathlib import Path
@@ -35,12 +37,6 @@ async def until(condition, timeout_s: float, what: str) -> None:  # type: ignore
         await asyncio.sleep(0.2)
 
 
-async def more_answers(load: Load, count: int) -> None:
-    """Let ``count`` more requests be answered in the state the mesh is in now."""
-    target = len(load.answers) + count
-    await until(lambda: len(load.answers) >= target, 60, f"{count} more answers")
-
-
 def ready(url: str, key: str) -> bool:
     return index(url).get(key, {}).get("state") == "READY"
 
@@ -53,7 +49,7 @@ def instance_count(url: str, model: str) -> int:
 async def changes(url: str, repository: Path, load: Load) -> dict[str, float]:
     """Add and remove b, add a's version 2, change a's instances; when each was done."""
     marks: dict[str, float] = {}
-    await more_answers(load, 200)  # the load runs on version 1 for a while first
+    await load.more(200)  # the load runs on version 1 for a while first
     write_config(repository / "b", mlp_config("b"))
     add_version(repository / "b", 1)
     await until(lambda: ready(url, "b:1"), 30, "b to be served")
@@ -63,15 +59,26 @@ async def changes(url: str, repository: Path, load: Load) -> dict[str, float]:
     add_version(repository / "a", 2)
     await until(lambda: ready(url, "a:2"), 30, "a:2 to be served")
     marks["v2_ready"] = time.monotonic()
-    await more_answers(load, 300)
+    await load.more(300)
     write_config(
         repository / "a", mlp_config("a", instance_group=[{"kind": "KIND_CPU", "count": 2}])
     )
     await until(lambda: instance_count(url, "a") == 2, 30, "a's new config")
     await until(lambda: ready(url, "a:2"), 30, "a:2 with two instances")
-    await more_answers(load, 300)
+    await load.more(300)
     load.stop.set()
     return marks
+
+
+async def readiness(url: str, load: Load) -> list[int]:
+    """The server's readiness, sampled while the load runs."""
+    statuses = []
+    async with httpx.AsyncClient(timeout=10) as client:
+        while not load.stop.is_set():
+            statuses.append((await client.get(f"{url}/v2/health/ready")).status_code)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(load.stop.wait(), 0.2)
+    return statuses
 
 
 @pytest.mark.timeout(240)
@@ -86,9 +93,12 @@ async def test_loads_unloads_version_swaps_and_config_changes_fail_no_request(
     }
     with private_mesh(tmp_path, env) as mesh:
         load = Load(mesh.url, "a", concurrency=30)
-        answers, marks = await asyncio.gather(load.run(200), changes(mesh.url, tmp_path, load))
+        answers, marks, ready_statuses = await asyncio.gather(
+            load.run(200), changes(mesh.url, tmp_path, load), readiness(mesh.url, load)
+        )
 
     assert len(answers) > 300
+    assert set(ready_statuses) == {200}, "the server left readiness during a change"
     failures = load.failures()
     assert not failures, f"{len(failures)} of {len(answers)} failed, first: {failures[:3]}"
     switch_by = marks["v2_added"] + 2 * POLL_S
