@@ -24,8 +24,9 @@ from redis.exceptions import RedisError
 from batcher.lane import BatcherLane
 from weir import names
 from weir.connection import connect
-from weir.control.desired import ControlMode, DesiredState, DesiredStore
+from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
+from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.link import Link
 from weir.liveness import Heartbeat, live_consumers

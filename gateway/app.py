@@ -29,7 +29,7 @@ from gateway.shared_memory_routes import router as shared_memory_router
 from gateway.state import STATE_KEY, GatewayState
 from weir import __version__
 from weir.connection import connect
-from weir.control.desired import ControlMode
+from weir.control.mode import ControlMode
 from weir.errors import WeirError
 from weir.repository import Repository
 from weir.service import TaskSet

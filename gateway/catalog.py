@@ -86,7 +86,8 @@ class Catalog:
 
     def route(self, entry: ModelEntry) -> str:
         """The version a request naming none goes to."""
-        if entry.config.is_ensemble or (len(entry.versions) == 1 and not self.earlier):
+        alone = len(entry.versions) == 1 and not self.earlier.get(entry.name)
+        if alone or entry.config.is_ensemble:
             return entry.latest
         live = [v for v in entry.versions if self.view.serves(entry.name, v)]
         weights = self.weights.get(entry.name)

@@ -22,8 +22,9 @@ from gateway.catalog import Catalog
 from weir import names
 from weir.control import uploads
 from weir.control.controller import Controller
-from weir.control.desired import ControlMode, DesiredState
+from weir.control.desired import DesiredState
 from weir.control.follower import Follower
+from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.liveness import live_consumers
 from weir.repository import model_dirs

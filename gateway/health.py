@@ -12,7 +12,7 @@ from redis.exceptions import RedisError
 
 from gateway.state import GatewayState
 from weir import names
-from weir.control.desired import ControlMode
+from weir.control.mode import ControlMode
 from weir.errors import Unavailable
 from weir.liveness import live_consumers
 from weir.repository import ModelEntry

@@ -23,7 +23,7 @@ from gateway.catalog import Catalog
 from gateway.codec import InferBody
 from pipelines.route import Route, Router
 from weir import names, wire
-from weir.control.desired import ControlMode
+from weir.control.mode import ControlMode
 from weir.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
 from weir.link import Link, raise_errors
 from weir.repository import ModelEntry

@@ -23,7 +23,8 @@ from gateway.state import GatewayState
 from weir import names
 from weir.control import uploads
 from weir.control.controller import UNLOADED
-from weir.control.desired import ControlMode, DesiredModel, DesiredState
+from weir.control.desired import DesiredModel, DesiredState
+from weir.control.mode import ControlMode
 from weir.errors import ConfigError, InvalidInput, Unavailable, WeirError
 from weir.liveness import live_consumers
 from weir.repository import ModelEntry, model_dirs

@@ -31,7 +31,7 @@ from prometheus_client.multiprocess import MultiProcessCollector
 from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.fastpath import InferFastPath
-from weir.control.desired import ControlMode
+from weir.control.mode import ControlMode
 from weir.repository import ModelEntry, Repository
 from weir.settings import GatewaySettings
 

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from weir import __version__
-from weir.control.desired import ControlMode
+from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.service import run
 from weir.settings import (

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from weir.control.desired import ControlMode
+from weir.control.mode import ControlMode
 
 
 def _shared(name: str, default: Any, **kwargs: Any) -> Any:

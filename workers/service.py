@@ -21,14 +21,17 @@ import gc
 import logging
 import uuid
 
+from redis.exceptions import RedisError
+
 from pipelines.graph import load_pipelines
 from pipelines.route import Router
 from weir import names, wire
 from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
 from weir.control import uploads
-from weir.control.desired import ControlMode, DesiredState, DesiredStore
+from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
+from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.link import Link
 from weir.liveness import Heartbeat
@@ -242,9 +245,12 @@ class Worker(Service):
         """Stop the lanes no longer desired once drained, and give their memory back."""
         while not self.should_exit.is_set():
             for key in sorted(self.retiring):
-                if key in self.runs and await self.retirement.may_go(*key):
-                    self.retiring.discard(key)
-                    await self._stop_lane(key)
+                try:
+                    if key in self.runs and await self.retirement.may_go(*key):
+                        self.retiring.discard(key)
+                        await self._stop_lane(key)
+                except RedisError as exc:
+                    logger.warning("retiring %s:%s waits for Redis: %s", *key, exc)
             await asyncio.sleep(self.settings.control_refresh_s)
 
     async def _stop_lane(self, key: LaneKey) -> None:

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
 
@@ -27,14 +26,6 @@ from redis.exceptions import WatchError
 from weir import names
 from weir.config import config_from_raw
 from weir.repository import ModelEntry, Repository, attempt_stamp
-
-
-class ControlMode(StrEnum):
-    """Triton's ``--model-control-mode``."""
-
-    NONE = "none"
-    EXPLICIT = "explicit"
-    POLL = "poll"
 
 
 @dataclass(frozen=True, slots=True)
