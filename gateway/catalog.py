@@ -92,9 +92,11 @@ class Catalog:
         live = [v for v in entry.versions if self.view.serves(entry.name, v)]
         weights = self.weights.get(entry.name)
         if weights:
-            weighted = [v for v in live if weights.get(v, 0) > 0]
-            if weighted:
-                return random.choices(weighted, [weights[v] for v in weighted])[0]
+            # Among the weighted versions served; while none is (yet), among them all.
+            weighted = [v for v in live if weights.get(v, 0) > 0] or [
+                v for v in entry.versions if weights.get(v, 0) > 0
+            ]
+            return random.choices(weighted, [weights[v] for v in weighted])[0]
         if live:
             return live[-1]
         earlier = self.earlier.get(entry.name, set()) - set(entry.versions)
