@@ -1,8 +1,8 @@
 """A worker pool process: loads the models its pool serves and runs their batches.
 
-A model belongs to the pool its ``instance_group.kind`` names: ``KIND_CPU`` to ``cpu``,
-``KIND_GPU`` to ``gpu``; ``KIND_AUTO`` and ``KIND_MODEL`` run in the ``cpu`` pool. Each lane
-(model, version) gets its instances and their executor threads (:mod:`workers.lane_run`).
+A model belongs to the pools its ``instance_group`` kinds name, which place its instances
+(:mod:`workers.placement`). Each lane (model, version) gets its instances and their executor
+threads (:mod:`workers.lane_run`).
 The worker heartbeats with a TTL key listing what it serves and which loads failed. On
 SIGTERM it stops reading, finishes and acks the batches it took, and exits.
 
@@ -26,7 +26,6 @@ from redis.exceptions import RedisError
 from pipelines.graph import load_pipelines
 from pipelines.route import Router
 from weir import names, wire
-from weir.config import InstanceKind, ModelConfig
 from weir.connection import connect
 from weir.control import uploads
 from weir.control.desired import DesiredState, DesiredStore
@@ -46,24 +45,15 @@ from workers.execution import BatchRunner
 from workers.lane import WorkerLane
 from workers.lane_run import LaneRun
 from workers.memory import IdleTrim, limit_arenas, malloc_trim
+from workers.placement import POOL_KINDS, instance_count, place
 from workers.threads import ThreadShare
 from workers.warmup import run_warmup
 
 logger = logging.getLogger(__name__)
 
-POOL_KINDS: dict[str, frozenset[InstanceKind]] = {
-    "cpu": frozenset({InstanceKind.CPU, InstanceKind.AUTO, InstanceKind.MODEL}),
-    "gpu": frozenset({InstanceKind.GPU}),
-}
 FAILURE_CHARS = 500  # of a load's error, in the heartbeat and the repository index
 
 LaneKey = tuple[str, str]
-
-
-def instance_count(config: ModelConfig, pool: str) -> int:
-    """How many instances of ``config`` this pool runs (0: not this pool's model)."""
-    kinds = POOL_KINDS.get(pool, frozenset())
-    return sum(group.count for group in config.instance_group if group.kind in kinds)
 
 
 class Worker(Service):
@@ -137,7 +127,7 @@ class Worker(Service):
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
-                runners = self._build(entry, version, count)
+                runners = self._build(entry, version)
                 await self._start(
                     WorkerLane(
                         self.link, self.group, entry, version, runners, self.settings, self.router
@@ -155,8 +145,13 @@ class Worker(Service):
 
             torch.set_num_threads(self.settings.torch_threads)
 
-    def _build(self, entry: ModelEntry, version: str, count: int) -> list[BatchRunner]:
-        """Load ``count`` instances of a lane and warm each up (blocking: a thread's work)."""
+    def _build(self, entry: ModelEntry, version: str) -> list[BatchRunner]:
+        """Load a lane's instances and warm each up (blocking: a thread's work).
+
+        ConfigError first when this pool cannot place them (no CUDA device, say).
+        """
+        # The backends take no device yet: place() refuses every CUDA placement.
+        count = len(place(entry.config, self.settings.pool))
         path = entry.version_path(version)
         first = load_backend(entry.config, path, self.threads, count)
         backends = [first] + [
@@ -221,7 +216,7 @@ class Worker(Service):
     async def _load(self, entry: ModelEntry, version: str, count: int) -> None:
         key, stamp = (entry.name, version), entry.stamp(version)
         try:
-            runners = await asyncio.to_thread(self._build, entry, version, count)
+            runners = await asyncio.to_thread(self._build, entry, version)
         except Exception as exc:
             reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
             logger.error("cannot load %s:%s: %s", entry.name, version, reason)

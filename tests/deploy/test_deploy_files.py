@@ -649,7 +649,7 @@ _BATCH_STREAM = re.compile(r"^weir:\{(?P<model>[^}]+)\}:(?P<version>\d+):batches
 
 def served_by(pool: str, stream: str) -> bool:
     """Whether ``stream`` is the batch stream of an example model that ``pool`` serves."""
-    from workers.service import instance_count
+    from workers.placement import instance_count
 
     match = _BATCH_STREAM.match(stream)
     assert match is not None, f"not a batch stream: {stream}"
