@@ -3,7 +3,9 @@
 Request metrics live in each gateway process (aggregated over processes through
 prometheus-client's multiprocess directory when there are several). What the workers record
 per batch, and the queued-request counters, live in Redis and are read at scrape time: the
-execution and inference counts, the batch-size histogram and the pending-request gauge.
+execution and inference counts, the batch-size histogram and the pending-request gauge. The
+gpu-pool workers' NVML samples become Triton's ``nv_gpu_*`` and ``nv_energy_consumption``
+series, one per GPU (``gpu_uuid``), while their hashes live.
 """
 
 from __future__ import annotations
@@ -15,7 +17,12 @@ from wsgiref.simple_server import WSGIServer
 
 import redis
 from prometheus_client import CollectorRegistry, start_http_server
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    HistogramMetricFamily,
+    Metric,
+)
 from prometheus_client.registry import Collector
 
 from weir import names
@@ -26,6 +33,16 @@ from weir.repository import ModelEntry
 logger = logging.getLogger(__name__)
 
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+
+# Triton's GPU gauges: (name, help, the field of names.gpu_stats that holds the value).
+GPU_GAUGES = (
+    ("nv_gpu_utilization", "GPU utilization rate [0.0 - 1.0)", names.GPU_UTILIZATION),
+    ("nv_gpu_memory_total_bytes", "GPU total memory, in bytes", names.GPU_MEMORY_TOTAL_BYTES),
+    ("nv_gpu_memory_used_bytes", "GPU used memory, in bytes", names.GPU_MEMORY_USED_BYTES),
+    ("nv_gpu_power_usage", "GPU power usage in watts", names.GPU_POWER_USAGE_W),
+    ("nv_gpu_power_limit", "GPU power management limit in watts", names.GPU_POWER_LIMIT_W),
+)
+ENERGY = "nv_energy_consumption"
 
 
 class MeshCollector(Collector):
@@ -51,7 +68,7 @@ class MeshCollector(Collector):
             for v in m.versions
         ]
 
-    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily | HistogramMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         try:
             lanes, stats, queued = self._read()
         except redis.RedisError as exc:
@@ -75,6 +92,14 @@ class MeshCollector(Collector):
             pending.add_metric([model, version], max(int(waiting or 0), 0))
             batch.add_metric([model, version], _buckets(counts), counts.get("inference_count", 0))
         yield from (executions, inferences, pending, batch)
+        yield from self._gpus()
+
+    def _gpus(self) -> list[Metric]:
+        try:
+            return gpu_families(self.redis)
+        except redis.RedisError as exc:
+            logger.warning("metrics: GPU samples unreadable: %s", exc)
+            return []
 
     def _read(
         self,
@@ -96,6 +121,28 @@ def _buckets(counts: dict[str, int]) -> list[tuple[str, float]]:
         for bound in BATCH_BUCKETS
     ]
     return [*cumulative, ("+Inf", float(sum(sizes.values())))]
+
+
+def gpu_families(client: redis.Redis) -> list[Metric]:
+    """Triton's GPU series from the GPU hashes that exist now; none when there are none."""
+    keys = list(client.scan_iter(match=names.gpu_stats_pattern(), count=100))
+    if not keys:
+        return []
+    pipe = client.pipeline(transaction=False)
+    for key in keys:
+        pipe.hgetall(key)
+    samples = [{k.decode(): v.decode() for k, v in raw.items()} for raw in pipe.execute() if raw]
+    gauges = [GaugeMetricFamily(n, doc, labels=[names.GPU_UUID]) for n, doc, _ in GPU_GAUGES]
+    # Triton's counter has no _total suffix; its samples keep Triton's name exactly.
+    energy = Metric(ENERGY, "GPU energy consumption in joules since the driver loaded", "counter")
+    for sample in sorted(samples, key=lambda s: s.get(names.GPU_UUID, "")):
+        uuid = sample.get(names.GPU_UUID)
+        for gauge, (_, _, field) in zip(gauges, GPU_GAUGES, strict=True):
+            if uuid and field in sample:
+                gauge.add_metric([uuid], float(sample[field]))
+        if uuid and names.GPU_ENERGY_J in sample:
+            energy.add_sample(ENERGY, {names.GPU_UUID: uuid}, float(sample[names.GPU_ENERGY_J]))
+    return [*gauges, energy]
 
 
 class MetricsServer:

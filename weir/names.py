@@ -93,3 +93,26 @@ def desired_generation() -> str:
 def uploaded_files(digest: str) -> str:
     """The files a load request carried (a hash: path in the model directory -> bytes)."""
     return f"{PREFIX}:{{control}}:files:{digest}"
+
+
+# A GPU's NVML sample (see workers.gpu_metrics): the hash's fields, read by the gateway.
+GPU_UUID = "gpu_uuid"
+GPU_UTILIZATION = "utilization"  # 0..1
+GPU_MEMORY_TOTAL_BYTES = "memory_total_bytes"
+GPU_MEMORY_USED_BYTES = "memory_used_bytes"
+GPU_POWER_USAGE_W = "power_usage_w"
+GPU_POWER_LIMIT_W = "power_limit_w"
+GPU_ENERGY_J = "energy_j"  # since the driver loaded
+
+
+def gpu_stats(gpu_uuid: str) -> str:
+    """One GPU's latest NVML sample (a hash), with a TTL a gpu-pool worker keeps refreshing.
+
+    Keyed by the GPU, not the worker: workers sharing a GPU write the same hash, and a GPU
+    no live worker samples drops out of the metrics when its key expires.
+    """
+    return f"{PREFIX}:gpu:{gpu_uuid}"
+
+
+def gpu_stats_pattern() -> str:
+    return f"{PREFIX}:gpu:*"

@@ -185,6 +185,12 @@ class WorkerSettings(ServiceSettings):
         description="batches that recently computed in less run in the event loop, not a "
         "thread (0: always a thread)",
     )
+    gpu_metrics_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="gpu pool: how often NVML is sampled into Redis for the gateway's nv_gpu_* "
+        "metrics (each sample lives three intervals)",
+    )
 
 
 class UpSettings(ServiceSettings):

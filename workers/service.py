@@ -42,6 +42,7 @@ from weir.trim import Trimmer
 from weir.workload import encode_served
 from workers.backends import load_backend
 from workers.execution import BatchRunner
+from workers.gpu_metrics import GpuSampler
 from workers.lane import WorkerLane
 from workers.lane_run import LaneRun
 from workers.memory import IdleTrim, limit_arenas, malloc_trim
@@ -266,6 +267,9 @@ class Worker(Service):
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         idle = IdleTrim(self.settings.trim_memory_idle_s, self._last_batch_s)
         self.tasks.spawn(idle.run(self.should_exit), "memory trim")
+        if self.settings.pool == "gpu":
+            sampler = GpuSampler(self.redis, self.settings.gpu_metrics_interval_s)
+            self.tasks.spawn(sampler.run(self.should_exit), "gpu metrics")
         if self.control:
             self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")
             self.tasks.spawn(self._retire(), "retire lanes")
