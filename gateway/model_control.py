@@ -22,10 +22,9 @@ from gateway.control import ControlLoop
 from gateway.state import GatewayState
 from weir import names
 from weir.control import uploads
-from weir.control.controller import UNLOADED
 from weir.control.desired import DesiredModel, DesiredState
 from weir.control.mode import ControlMode
-from weir.errors import ConfigError, InvalidInput, Unavailable, WeirError
+from weir.errors import ConfigError, InvalidInput, Unavailable
 from weir.liveness import live_consumers
 from weir.repository import ModelEntry, model_dirs
 from weir.workload import MeshView, mesh_view
@@ -277,6 +276,3 @@ def _config_override(parameters: dict[str, Any]) -> dict[str, Any] | None:
     if not isinstance(config, dict):
         raise InvalidInput("parameter 'config' must be a JSON object")
     return config
-
-
-__all__ = ["NOT_ALLOWED", "UNLOADED", "WeirError", "index", "load", "set_weights", "unload"]
