@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 
+import redis
 from prometheus_client import CollectorRegistry, generate_latest
 from redis.asyncio import Redis
 
 from gateway.exporter import MeshCollector
+from tests.conftest import wait_until
 from weir import names
 from weir.redis_server import RedisServer
 from workers.gpu_metrics import publish
@@ -67,13 +69,21 @@ async def test_gpu_series_carry_each_gpu_and_vanish_with_its_hash(
         await publish(client, [sample(UUID_A, 4096)], ttl_s=0.2)  # a dead worker's last sample
         text = await asyncio.to_thread(scrape, redis_server.url)
         assert series(text, "nv_gpu_memory_used_bytes") == {UUID_A: 4096}
-        await asyncio.sleep(0.4)
+        key = names.gpu_stats(UUID_A)
+        await asyncio.to_thread(
+            wait_until, lambda: not key_exists(redis_server.url, key), 5, "the sample to expire"
+        )
         text = await asyncio.to_thread(scrape, redis_server.url)
         assert "nv_gpu" not in text
         assert "nv_energy" not in text
     finally:
         await client.delete(names.gpu_stats(UUID_A), names.gpu_stats(UUID_B))
         await client.aclose()
+
+
+def key_exists(url: str, key: str) -> bool:
+    with redis.Redis.from_url(url) as client:
+        return bool(client.exists(key))
 
 
 def test_no_gpu_hash_no_gpu_series(redis_server: RedisServer) -> None:

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.conftest import private_mesh
+from tests.conftest import private_mesh, wait_until
 from tests.lifecycle.helpers import Load, add_version, mlp_config, write_config
 
 POLL_S = 2.0
@@ -30,11 +30,8 @@ def index(url: str) -> dict[str, dict[str, str]]:
 
 
 async def until(condition, timeout_s: float, what: str) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout_s
-    while not await asyncio.to_thread(condition):
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        await asyncio.sleep(0.2)
+    """conftest's wait_until, off the event loop the load runs on."""
+    await asyncio.to_thread(wait_until, condition, timeout_s, what)
 
 
 def ready(url: str, key: str) -> bool:

@@ -56,7 +56,10 @@ async def serve() -> None:
     worker = Worker(settings)
     await worker.startup()
     running = asyncio.create_task(worker.run())
-    await asyncio.sleep(0.5)
+    await asyncio.sleep(0)  # one turn of the loop: run() has spawned its tasks
+    sampler = [t for t in asyncio.all_tasks() if t.get_name() == "gpu metrics"]
+    if sampler:  # the gpu pool's: it gives up at once without NVML
+        await asyncio.wait_for(sampler[0], 10)
     assert not running.done(), "the worker stopped"
     worker.should_exit.set()
     await running
