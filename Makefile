@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	# torch first and pinned: this version's CPU build is what these machines provide.
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[worker,embedded,dev]"
+	$(BIN)/python -m pip install --quiet -e ".[worker,torchserve,embedded,dev]"
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -27,6 +27,9 @@ from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.shared_memory_routes import router as shared_memory_router
 from gateway.state import STATE_KEY, GatewayState
+from gateway.torchserve.front import TorchServeFront
+from gateway.torchserve.inference_routes import router as torchserve_inference_router
+from gateway.torchserve.management_routes import router as torchserve_management_router
 from weir import __version__
 from weir.connection import connect
 from weir.control.mode import ControlMode
@@ -34,6 +37,7 @@ from weir.errors import WeirError
 from weir.repository import Repository
 from weir.service import TaskSet
 from weir.settings import GatewaySettings
+from weir.torchserve.store import ModelStore
 
 if TYPE_CHECKING:
     from gateway.grpc_server import GrpcServer
@@ -84,7 +88,8 @@ def create_app(
         shm = SharedMemoryRegistry(
             settings.shared_memory_max_regions, settings.shared_memory_max_region_bytes
         )
-        state = GatewayState(settings, catalog, redis, mesh, metrics, shm, control)
+        front = TorchServeFront(_model_store(settings))
+        state = GatewayState(settings, catalog, redis, mesh, metrics, shm, control, front)
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the
         # gateway is kept out of the collector's full collections.
@@ -100,6 +105,7 @@ def create_app(
                 await grpc_server.stop()
             if exporter is not None:
                 exporter.close()
+            await front.close()
             control.stop()
             await tasks.cancel_all(settings.shutdown_grace_s)
             await mesh.close()
@@ -110,10 +116,18 @@ def create_app(
     app.include_router(router)
     app.include_router(shared_memory_router)
     app.include_router(repository_router)
+    app.include_router(torchserve_inference_router)
+    app.include_router(torchserve_management_router)
     app.add_exception_handler(WeirError, _weir_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     return app
+
+
+def _model_store(settings: GatewaySettings) -> ModelStore | None:
+    if settings.model_store is None:
+        return None
+    return ModelStore(settings.model_store, settings.repository)
 
 
 def _startup_repository(settings: GatewaySettings) -> Repository:

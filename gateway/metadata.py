@@ -34,6 +34,7 @@ PLATFORMS: dict[Backend, str] = {
     Backend.OPENVINO: "openvino",
     Backend.TENSORRT: "tensorrt_plan",
     Backend.PYTHON: "python",
+    Backend.TORCHSERVE: "torchserve",
     Backend.ENSEMBLE: "ensemble",
 }
 

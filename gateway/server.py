@@ -27,10 +27,12 @@ from types import FrameType
 import uvicorn
 from prometheus_client import CollectorRegistry
 from prometheus_client.multiprocess import MultiProcessCollector
+from starlette.types import ASGIApp
 
 from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.fastpath import InferFastPath
+from gateway.torchserve.ports import ManagementPort
 from weir.control.mode import ControlMode
 from weir.repository import ModelEntry, Repository
 from weir.settings import GatewaySettings
@@ -66,10 +68,32 @@ class _Server(uvicorn.Server):
 def _server(settings: GatewaySettings, serve_metrics: bool) -> _Server:
     drain_hooks: list[Callable[[], None]] = []
     app = create_app(settings, serve_metrics=serve_metrics, drain_hooks=drain_hooks)
-    return _Server(_config(settings, InferFastPath(app)), drain_hooks)
+    served: ASGIApp = InferFastPath(app)
+    if management_port(settings):
+        served = ManagementPort(served, settings.ts_management_port)
+    return _Server(_config(settings, served), drain_hooks)
 
 
-def _config(settings: GatewaySettings, app: InferFastPath) -> uvicorn.Config:
+def management_port(settings: GatewaySettings) -> int:
+    """TorchServe's management port, served with a model store only (0: none)."""
+    return settings.ts_management_port if settings.model_store is not None else 0
+
+
+def _sockets(settings: GatewaySettings) -> list[socket.socket]:
+    """The HTTP socket, and the management socket when there is one."""
+    ports = [settings.http_port, management_port(settings)]
+    return [_bind(settings.host, port) for port in ports if port]
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.set_inheritable(True)
+    return sock
+
+
+def _config(settings: GatewaySettings, app: ASGIApp) -> uvicorn.Config:
     return uvicorn.Config(
         app,
         host=settings.host,
@@ -88,7 +112,8 @@ def _config(settings: GatewaySettings, app: InferFastPath) -> uvicorn.Config:
 
 def serve(settings: GatewaySettings) -> None:
     if settings.processes == 1:
-        _server(settings, serve_metrics=True).run()
+        sockets = _sockets(settings) if management_port(settings) else None
+        _server(settings, serve_metrics=True).run(sockets=sockets)
         return
     if MULTIPROCESS_DIR_ENV not in os.environ:
         raise RuntimeError(f"{MULTIPROCESS_DIR_ENV} must be set before prometheus_client loads")
@@ -96,13 +121,10 @@ def serve(settings: GatewaySettings) -> None:
 
 
 def _serve_processes(settings: GatewaySettings) -> None:
-    sock = socket.socket(socket.AF_INET6 if ":" in settings.host else socket.AF_INET)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((settings.host, settings.http_port))
-    sock.set_inheritable(True)
+    sockets = _sockets(settings)
     context = multiprocessing.get_context("fork")
     children = [
-        context.Process(target=_child, args=(settings, sock), name=f"gateway-{i}")
+        context.Process(target=_child, args=(settings, sockets), name=f"gateway-{i}")
         for i in range(settings.processes)
     ]
     for child in children:
@@ -122,12 +144,13 @@ def _serve_processes(settings: GatewaySettings) -> None:
     finally:
         if exporter is not None:
             exporter.close()
-        sock.close()
+        for sock in sockets:
+            sock.close()
     logger.info("gateway processes exited: %s", [c.exitcode for c in children])
 
 
-def _child(settings: GatewaySettings, sock: socket.socket) -> None:
-    _server(settings, serve_metrics=False).run(sockets=[sock])
+def _child(settings: GatewaySettings, sockets: list[socket.socket]) -> None:
+    _server(settings, serve_metrics=False).run(sockets=sockets)
 
 
 def _startup_models(settings: GatewaySettings) -> Repository | list[ModelEntry]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from redis.asyncio import Redis
@@ -12,6 +12,7 @@ from gateway.catalog import Catalog
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.shared_memory import SharedMemoryRegistry
+from gateway.torchserve.front import TorchServeFront
 from weir.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -29,6 +30,7 @@ class GatewayState:
     metrics: RequestMetrics
     shared_memory: SharedMemoryRegistry
     control: ControlLoop
+    torchserve: TorchServeFront = field(default_factory=lambda: TorchServeFront(None))
 
     @property
     def repository(self) -> Catalog:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import socket
 import subprocess
 import sys
@@ -21,6 +22,7 @@ class Up:
 
     process: subprocess.Popen[str]
     banner: str
+    lines: list[str]  # everything it printed so far
 
 
 @contextmanager
@@ -34,11 +36,16 @@ def weir_up(*args: str) -> Iterator[Up]:
     reader.start()
     try:
         wait_until(lambda: any(READY in line for line in lines), 90, "weir up to be ready")
-        yield Up(process, next(line for line in lines if READY in line))
+        yield Up(process, next(line for line in lines if READY in line), lines)
     finally:
+        # SIGINT, as Ctrl-C: weir up stops its children, which hold its stdout open too.
         if process.poll() is None:
-            process.kill()
-            process.wait()
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
         reader.join(5)
         process.stdout.close()  # type: ignore[union-attr]
 

@@ -39,6 +39,7 @@ from weir.errors import ConfigError
 from weir.onnx_file import read_onnx_signature
 from weir.openvino_file import read_openvino_signature
 from weir.signature import ModelSignature, TensorSignature
+from weir.torchserve import envelope
 
 DEFAULT_MAX_BATCH_SIZE = 4
 SKIP_OV_DYNAMIC_BATCH = "SKIP_OV_DYNAMIC_BATCHSIZE"
@@ -50,6 +51,7 @@ DEFAULT_FILENAMES: dict[Backend, str] = {
     Backend.OPENVINO: "model.xml",
     Backend.TENSORRT: "model.plan",
     Backend.PYTHON: "model.py",
+    Backend.TORCHSERVE: "model.mar",
 }
 READERS: dict[Backend, Callable[[Path], ModelSignature]] = {
     Backend.ONNXRUNTIME: read_onnx_signature,
@@ -76,6 +78,8 @@ def complete(
 ) -> dict[str, Any]:
     """``raw`` (a parsed config) with what it lacks filled from the model, where it can be."""
     backend = BACKEND_ALIASES.get(str(raw.get("backend") or raw.get("platform")))
+    if backend is Backend.TORCHSERVE:
+        return complete_torchserve(raw, default_max_batch_size)
     reader = READERS.get(backend) if backend else None
     if reader is None or backend is None or (raw.get("input") and raw.get("output")):
         return raw
@@ -93,6 +97,21 @@ def complete(
     for field, tensors in (("input", signature.inputs), ("output", signature.outputs)):
         if not raw.get(field):
             filled[field] = [_spec(signature, t, batching) for t in tensors]
+    return filled
+
+
+def complete_torchserve(raw: dict[str, Any], default_max_batch_size: int) -> dict[str, Any]:
+    """A TorchServe archive's config: its fixed signature, batching as TorchServe's.
+
+    TorchServe's handlers take a list of requests; a config that sets no ``max_batch_size``
+    gets the default, as an archive registered without ``batch_size`` batches up to 1 in
+    TorchServe and Weir's work-conserving batcher never waits for a fuller batch.
+    """
+    filled = dict(raw)
+    filled.setdefault("input", envelope.INPUTS)
+    filled.setdefault("output", envelope.OUTPUTS)
+    if "max_batch_size" not in filled:
+        filled["max_batch_size"] = default_max_batch_size
     return filled
 
 

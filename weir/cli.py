@@ -53,6 +53,20 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _torchserve(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model-store",
+        type=Path,
+        help="a TorchServe model store of .mar archives (env WEIR_MODEL_STORE): serves "
+        "TorchServe's management API; needs --model-control-mode explicit",
+    )
+    parser.add_argument(
+        "--ts-management-port",
+        type=int,
+        help="TorchServe's management API port with a model store, 0 for none (default 8081)",
+    )
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="weir", description="Weir inference server")
     parser.add_argument("--version", action="version", version=f"weir {__version__}")
@@ -66,6 +80,19 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (default 8002)")
     up.add_argument("--gateway-processes", type=int, help="gateway processes (default 1)")
     up.add_argument("--cpu-workers", type=int, help="CPU worker pool processes (default 1)")
+    _torchserve(up)
+    up.add_argument(
+        "--models",
+        nargs="+",
+        help="TorchServe archives of the model store to serve at start: NAME=FILE.mar, "
+        "FILE.mar, or all (as torchserve --models)",
+    )
+    up.add_argument(
+        "--ts-config",
+        type=Path,
+        help="a TorchServe config.properties (addresses, model_store, load_models, models, "
+        "default_workers_per_model, max_request_size, max_response_size)",
+    )
 
     gateway = commands.add_parser("gateway", help="the KServe v2 gateway (HTTP and gRPC)")
     _common(gateway)
@@ -76,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     gateway.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (8002)")
     gateway.add_argument("--processes", type=int, help="processes sharing the ports (1)")
+    _torchserve(gateway)
 
     batcher = commands.add_parser("batcher", help="the dynamic batcher")
     _common(batcher)
@@ -114,13 +142,23 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _run_up(options: dict[str, Any]) -> int:
     from weir.embedded import Embedded
 
-    service = Embedded(UpSettings(**options))
+    settings = UpSettings(**options)
+    if settings.model_store is not None or settings.ts_config is not None or settings.models:
+        from weir.torchserve.startup import prepare
+
+        settings = prepare(settings, "repository" in options, os.environ)
+    service = Embedded(settings)
     run(service)
     return service.exit_code
 
 
 def _run_gateway(options: dict[str, Any]) -> int:
     settings = GatewaySettings(**options)
+    if settings.model_store is not None and settings.model_control_mode is not ControlMode.EXPLICIT:
+        raise ConfigError(
+            "--model-store needs --model-control-mode explicit: TorchServe's management API "
+            "registers and unregisters models at run time"
+        )
     if settings.processes > 1:
         # prometheus-client picks its multiprocess mode when it is first imported, so the
         # directory is set here, before the gateway (and prometheus-client) is imported.
@@ -185,7 +223,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return COMMANDS[args.command](options)
     except ConfigError as exc:
-        print(f"weir {args.command}: invalid model repository: {exc}", file=sys.stderr)
+        print(f"weir {args.command}: {exc}", file=sys.stderr)
         return 2
 
 

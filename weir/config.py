@@ -47,6 +47,7 @@ class Backend(StrEnum):
     OPENVINO = "openvino"
     TENSORRT = "tensorrt"
     PYTHON = "python"
+    TORCHSERVE = "torchserve"  # a TorchServe model archive (.mar) with its handler
     ENSEMBLE = "ensemble"
 
 
@@ -60,6 +61,7 @@ BACKEND_ALIASES: dict[str, Backend] = {
     "tensorrt": Backend.TENSORRT,
     "tensorrt_plan": Backend.TENSORRT,
     "python": Backend.PYTHON,
+    "torchserve": Backend.TORCHSERVE,
     "ensemble": Backend.ENSEMBLE,
 }
 

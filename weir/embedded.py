@@ -50,6 +50,18 @@ class Embedded(Service):
             WEIR_LOAD_MODEL=self.settings.load_model,
             WEIR_REPOSITORY_POLL_SECS=str(self.settings.repository_poll_secs),
         )
+        if self.settings.model_store is not None:
+            env.update(
+                WEIR_MODEL_STORE=str(self.settings.model_store.resolve()),
+                WEIR_GATEWAY_TS_MANAGEMENT_PORT=str(self.settings.ts_management_port),
+                WEIR_GATEWAY_TS_MAX_REQUEST_SIZE_BYTES=str(self.settings.ts_max_request_size_bytes),
+                WEIR_GATEWAY_TS_MAX_RESPONSE_SIZE_BYTES=str(
+                    self.settings.ts_max_response_size_bytes
+                ),
+                WEIR_GATEWAY_TS_DEFAULT_WORKERS_PER_MODEL=str(
+                    self.settings.ts_default_workers_per_model
+                ),
+            )
         return env
 
     async def startup(self) -> None:
@@ -69,6 +81,15 @@ class Embedded(Service):
             f"Ctrl-C stops it.",
             flush=True,
         )
+        if self.settings.model_store is not None:
+            management = self.settings.ts_management_port
+            print(
+                f"TorchServe APIs: inference http://127.0.0.1:{self.settings.http_port}"
+                f"/predictions/<model>, management "
+                f"{f'http://127.0.0.1:{management}/models' if management else 'off'}, "
+                f"model store {self.settings.model_store.resolve()}.",
+                flush=True,
+            )
 
     async def _wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s

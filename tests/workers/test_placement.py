@@ -277,7 +277,7 @@ def test_a_gpu_worker_without_a_cuda_device_stops_naming_the_model(
     result = run_gpu_worker(redis_server.url, models)
     assert result.returncode == 2, result.stderr
     assert (
-        "weir worker: invalid model repository: model 'big_mlp': instance_group kind KIND_GPU "
+        "weir worker: model 'big_mlp': instance_group kind KIND_GPU "
         "needs a CUDA device, and this worker sees none (torch.cuda.is_available() is false"
     ) in result.stderr
     assert "CUDA_VISIBLE_DEVICES='')" in result.stderr

@@ -34,6 +34,10 @@ def load_backend(
         from workers.backends.python_backend import PythonBackend
 
         return PythonBackend(config, version_dir)
+    if config.backend is Backend.TORCHSERVE:
+        from workers.backends.torchserve_backend import TorchServeBackend
+
+        return TorchServeBackend(config, version_dir)
     raise ConfigError(
         f"{version_dir}: backend {config.backend.value!r} is not available in this worker yet"
     )

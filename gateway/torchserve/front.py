@@ -1,0 +1,62 @@
+"""What the gateway holds for TorchServe's APIs: the model store, and its background loads.
+
+TorchServe versions are strings (``1.0``); Weir's are whole numbers. A model registered
+from the store maps one to the other through the store's records; a TorchServe archive
+placed in a repository by hand has Weir's versions only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Coroutine
+from typing import Any
+
+from weir.errors import NotFound
+from weir.torchserve.store import ModelStore, StoreError
+
+logger = logging.getLogger(__name__)
+
+
+class TorchServeFront:
+    """The model store of TorchServe's management API, and the loads it left running."""
+
+    def __init__(self, store: ModelStore | None) -> None:
+        self.store = store
+        self.tasks: set[asyncio.Task[None]] = set()
+
+    def weir_version(self, model: str, version: str | None) -> str | None:
+        """The Weir version a TorchServe request for ``model`` (``version``) goes to."""
+        if self.store is None or model not in self.store.models():
+            return version
+        try:
+            return self.store.version_for(model, version)
+        except StoreError as exc:
+            raise NotFound(str(exc)) from None
+
+    def ts_version(self, model: str, version: str) -> str:
+        """The TorchServe name of Weir version ``version`` of ``model``."""
+        if self.store is None or model not in self.store.models():
+            return version
+        try:
+            return self.store.ts_version_of(model, version)
+        except StoreError:
+            return version
+
+    def spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
+        """Run ``work`` after the answer (TorchServe's ``synchronous=false``), held."""
+
+        async def logged() -> None:
+            try:
+                await work
+            except Exception:
+                logger.exception("%s failed", what)
+
+        task = asyncio.get_running_loop().create_task(logged(), name=what)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self.tasks):
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)

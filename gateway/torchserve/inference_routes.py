@@ -1,0 +1,123 @@
+"""TorchServe's inference API on the HTTP port: ``/ping``, ``/predictions``, ``/explanations``.
+
+A prediction is one request of the archive's model: its TorchServe request (parameters and
+headers, :mod:`gateway.torchserve.requests`) travels as the ``ts_request`` input, is batched
+by the batcher and run by the handler in a worker, and comes back as the bytes, status and
+headers the handler gave it. Errors are in TorchServe's shape
+(:mod:`gateway.torchserve.responses`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from fastapi import APIRouter, Request, Response
+
+from gateway.auth import Scope, check_token
+from gateway.codec import InferBody, RequestedOutput
+from gateway.health import served_now, serves_all
+from gateway.inference import execute, read_body
+from gateway.state import GatewayState, gateway_state
+from gateway.torchserve.requests import ts_request
+from gateway.torchserve.responses import status_response, weir_error_response
+from weir import datatypes
+from weir.config import Backend
+from weir.errors import BodyTooLarge, NotFound, WeirError
+from weir.repository import ModelEntry
+from weir.tensors import Tensor
+from weir.torchserve import envelope
+from weir.wire import InferReply
+
+router = APIRouter()
+METHODS = ["POST", "PUT"]
+ANSWER = (envelope.RESPONSE, envelope.STATUS, envelope.HEADERS)
+
+
+@router.get("/ping")
+async def ping(request: Request) -> Response:
+    state = gateway_state(request)
+    try:
+        healthy = serves_all(state, await served_now(state))
+    except WeirError:
+        healthy = False
+    return status_response("Healthy" if healthy else "Unhealthy", 200 if healthy else 500)
+
+
+@router.api_route("/predictions/{model}", methods=METHODS)
+@router.api_route("/predictions/{model}/{version}", methods=METHODS)
+async def predictions(request: Request, model: str, version: str | None = None) -> Response:
+    return await _guarded(request, model, version, explain=False)
+
+
+@router.api_route("/explanations/{model}", methods=METHODS)
+@router.api_route("/explanations/{model}/{version}", methods=METHODS)
+async def explanations(request: Request, model: str, version: str | None = None) -> Response:
+    return await _guarded(request, model, version, explain=True)
+
+
+async def _guarded(request: Request, model: str, version: str | None, explain: bool) -> Response:
+    try:
+        check_token(request, Scope.INFERENCE)
+        return await predict(request, model, version, explain)
+    except WeirError as exc:
+        return weir_error_response(exc)
+
+
+async def predict(request: Request, model: str, version: str | None, explain: bool) -> Response:
+    """One TorchServe prediction; WeirError for any failure."""
+    state = gateway_state(request)
+    entry, weir_version = resolve(state, model, version)
+    try:
+        raw = await read_body(request, state.settings.ts_max_request_size_bytes)
+        element = _element(entry, await ts_request(request, raw, explain))
+        body = InferBody({envelope.TS_REQUEST: element}, _wanted())
+        reply = await execute(state, entry, weir_version, body)
+        response = _answer(state, reply)
+    except WeirError as exc:
+        state.metrics.failed(entry.name, weir_version, exc.kind)
+        raise
+    state.metrics.answered(entry.name, weir_version, reply)
+    return response
+
+
+def resolve(state: GatewayState, model: str, version: str | None) -> tuple[ModelEntry, str]:
+    """The archive's model and the Weir version a request for it goes to."""
+    weir_version = state.torchserve.weir_version(model, version)
+    try:
+        entry, weir_version = state.repository.resolve(model, weir_version)
+    except NotFound:
+        if version is None or model not in state.repository.models:
+            raise NotFound(f"Model not found: {model}") from None
+        raise NotFound(f"Model version: {version} does not exist for model: {model}") from None
+    if entry.config.backend is not Backend.TORCHSERVE:
+        raise NotFound(
+            f"Model not found: {model} (it is no TorchServe archive: ask it through "
+            f"/v2/models/{model}/infer)"
+        )
+    return entry, weir_version
+
+
+def _wanted() -> list[RequestedOutput]:
+    return [RequestedOutput(name) for name in ANSWER]
+
+
+def _element(entry: ModelEntry, request: envelope.TsRequest) -> Tensor:
+    shape = (1, 1) if entry.config.max_batch_size > 0 else (1,)
+    array = np.empty(shape, dtype=object)
+    array.reshape(-1)[0] = envelope.pack_request(request)
+    return Tensor.from_numpy(array, datatypes.BYTES)
+
+
+def _answer(state: GatewayState, reply: InferReply) -> Response:
+    content = _first(reply.outputs[envelope.RESPONSE])
+    limit = state.settings.ts_max_response_size_bytes
+    if len(content) > limit:
+        raise BodyTooLarge(
+            f"the response of {len(content)} bytes exceeds max_response_size ({limit} bytes)"
+        )
+    status = int(reply.outputs[envelope.STATUS].to_numpy().reshape(-1)[0])
+    headers = envelope.unpack_headers(_first(reply.outputs[envelope.HEADERS]))
+    return Response(content, status_code=status, headers=headers)
+
+
+def _first(tensor: Tensor) -> bytes:
+    return bytes(tensor.to_numpy().reshape(-1)[0])

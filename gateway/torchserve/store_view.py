@@ -1,0 +1,70 @@
+"""TorchServe's describe answer for a model of the store, from its records and the mesh.
+
+``workers`` lists one entry per instance a live worker runs of the version (TorchServe's
+workers are processes; Weir's instances run in worker pool processes, so ``pid`` and
+``memoryUsage`` are not per instance and are 0). ``jobQueueStatus.pendingRequests`` is the
+version's queued count in Redis.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from redis.exceptions import RedisError
+
+from gateway.state import GatewayState
+from weir import names
+from weir.torchserve.store import ModelStore, VersionRecord
+
+
+async def describe_versions(
+    state: GatewayState, store: ModelStore, model: str, version: str | None
+) -> list[dict[str, Any]]:
+    """``GET /models/{model}[/{version}|/all]``: the versions asked for, described."""
+    record = await asyncio.to_thread(store.describe, model)
+    if version == "all":
+        chosen = record.versions
+    else:
+        weir_version = store.version_for(model, version)
+        chosen = [v for v in record.versions if v.weir_version == weir_version]
+    return [await _describe(state, model, v) for v in chosen]
+
+
+async def _describe(state: GatewayState, model: str, version: VersionRecord) -> dict[str, Any]:
+    instances = state.catalog.view.instances.get((model, version.weir_version), 0)
+    return {
+        "modelName": model,
+        "modelVersion": version.ts_version,
+        "modelUrl": version.url,
+        "runtime": version.runtime,
+        "minWorkers": version.min_workers,
+        "maxWorkers": version.max_workers,
+        "batchSize": version.batch_size,
+        "maxBatchDelay": version.max_batch_delay_ms,
+        "responseTimeout": version.response_timeout_s,
+        "loadedAtStartup": version.loaded_at_startup,
+        "isDefault": version.is_default,
+        "weirVersion": version.weir_version,
+        "workers": [_worker(i) for i in range(instances)],
+        "jobQueueStatus": {"pendingRequests": await _queued(state, model, version.weir_version)},
+    }
+
+
+def _worker(index: int) -> dict[str, Any]:
+    return {
+        "id": str(9000 + index),
+        "status": "READY",
+        "memoryUsage": 0,
+        "pid": 0,
+        "gpu": False,
+        "gpuUsage": "N/A",
+    }
+
+
+async def _queued(state: GatewayState, model: str, version: str) -> int:
+    try:
+        raw = await state.redis.get(names.queued_counter(model, version))
+    except RedisError:
+        return 0
+    return max(int(raw or 0), 0)

@@ -1,0 +1,51 @@
+"""``weir up`` started as ``torchserve --start`` is: a model store, archives, config.properties."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+
+from tests.conftest import free_port, wait_until
+from tests.torchserve.archives import build_archive
+from tests.weir_up import weir_up
+
+HANDLER = """
+def handle(data, context):
+    if data is None:
+        return None
+    return [{"got": bytes(row["body"]).decode(), "model": context.model_name} for row in data]
+"""
+
+
+def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> None:
+    store = tmp_path / "model-store"
+    build_archive(store, "greeter", HANDLER)
+    build_archive(store, "idle", HANDLER)
+    http_port, management_port, metrics_port = free_port(), free_port(), free_port()
+    config = tmp_path / "config.properties"
+    config.write_text(
+        f"inference_address=http://127.0.0.1:{http_port}\n"
+        f"management_address=http://127.0.0.1:{management_port}\n"
+        f"metrics_address=http://127.0.0.1:{metrics_port}\n"
+        f"model_store={store}\n"
+        "load_models=idle.mar\n"
+        "number_of_netty_threads=4\n"
+        'models={"hello": {"1.0": {"marName": "greeter.mar", "batchSize": 4, '
+        '"maxBatchDelay": 20}}}\n'
+    )
+    args = ["--ts-config", str(config), "--models", "hello=greeter.mar", "--grpc-port", "0"]
+    args += ["--redis-port", str(free_port())]
+    with weir_up(*args) as up:
+        announced = f"management http://127.0.0.1:{management_port}/models"
+        wait_until(lambda: announced in "".join(up.lines), 10, "the TorchServe APIs' line")
+        answer = httpx.post(f"http://127.0.0.1:{http_port}/predictions/hello", content=b"hi")
+        assert answer.status_code == 200, answer.text
+        assert answer.json() == {"got": "hi", "model": "hello"}
+        listed = httpx.get(f"http://127.0.0.1:{management_port}/models").json()
+        # --models wins over load_models, as torchserve's command line does
+        assert listed == {"models": [{"modelName": "hello", "modelUrl": "greeter.mar"}]}
+        (described,) = httpx.get(f"http://127.0.0.1:{management_port}/models/hello").json()
+        assert (described["batchSize"], described["maxBatchDelay"]) == (4, 20)
+        assert described["loadedAtStartup"] is True
+        assert httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").status_code == 200
