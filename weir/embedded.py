@@ -61,6 +61,7 @@ class Embedded(Service):
                 WEIR_GATEWAY_TS_DEFAULT_WORKERS_PER_MODEL=str(
                     self.settings.ts_default_workers_per_model
                 ),
+                WEIR_WORKER_TS_INSTALL_REQUIREMENTS=str(self.settings.ts_install_requirements),
             )
         return env
 

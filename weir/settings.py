@@ -212,6 +212,11 @@ class WorkerSettings(ServiceSettings):
         description="batches that recently computed in less run in the event loop, not a "
         "thread (0: always a thread)",
     )
+    ts_install_requirements: bool = Field(
+        False,
+        description="install a TorchServe archive's requirements.txt with pip when it loads "
+        "(TorchServe's install_py_dep_per_model)",
+    )
     gpu_metrics_interval_s: float = Field(
         2.0,
         gt=0,
@@ -240,3 +245,4 @@ class UpSettings(ServiceSettings):
     ts_max_request_size_bytes: int = Field(6553500, gt=0)
     ts_max_response_size_bytes: int = Field(6553500, gt=0)
     ts_default_workers_per_model: int = Field(1, ge=0)
+    ts_install_requirements: bool = False

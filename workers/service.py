@@ -154,9 +154,12 @@ class Worker(Service):
         # The backends take no device yet: place() refuses every CUDA placement.
         count = len(place(entry.config, self.settings.pool))
         path = entry.version_path(version)
-        first = load_backend(entry.config, path, self.threads, count)
+        install = self.settings.ts_install_requirements
+        first = load_backend(entry.config, path, self.threads, count, install)
         backends = [first] + [
-            first if first.shareable else load_backend(entry.config, path, self.threads, count)
+            first
+            if first.shareable
+            else load_backend(entry.config, path, self.threads, count, install)
             for _ in range(count - 1)
         ]
         runners = [

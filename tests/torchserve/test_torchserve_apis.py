@@ -14,6 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
+import torch
 
 from tests.conftest import Mesh, free_port, private_mesh, wait_until
 from tests.torchserve.archives import build_archive, write_zip
@@ -63,6 +64,20 @@ def handle(data, context):
     return ["one answer"] * (len(data) + 1)
 """
 
+SCORER = """
+import torch
+from ts.torch_handler.base_handler import BaseHandler
+
+
+class Scorer(BaseHandler):
+    def preprocess(self, data):
+        rows = [row.get("data") or row.get("body") for row in data]
+        return torch.tensor([row["features"] for row in rows], dtype=torch.float32)
+
+    def postprocess(self, data):
+        return [{"scores": row} for row in data.tolist()]
+"""
+
 BROKEN = """
 class Broken:
     def initialize(self, context):
@@ -84,6 +99,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     build_archive(root, "short", SHORT)
     build_archive(root, "broken", BROKEN)
     write_zip(root / "corrupt.mar", {"MAR-INF/not-a-manifest.txt": "nothing here"})
+    scorer_model().save(str(root / "scorer.pt"))
+    build_archive(root, "scorer", SCORER, serialized_file=root / "scorer.pt")
     (root / ".weir").mkdir()
     return root
 
@@ -103,6 +120,13 @@ def ts_mesh(store: Path) -> Iterator[tuple[Mesh, str]]:
         registered = register(management, "echo.mar", batch_size=8, max_batch_delay=50)
         assert registered.status_code == 200, registered.text
         yield mesh, management
+
+
+def scorer_model() -> torch.jit.ScriptModule:
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(11)
+        module = torch.nn.Sequential(torch.nn.Linear(4, 3), torch.nn.Softmax(-1)).eval()
+    return torch.jit.script(module)
 
 
 def register(management: str, url: str, **params: Any) -> httpx.Response:
@@ -307,3 +331,23 @@ def test_ping_and_the_management_port_stay_apart(ts_mesh: tuple[Mesh, str]) -> N
     refused = httpx.get(f"{management}/models")
     assert refused.status_code == 401
     assert refused.json()["code"] == 401
+
+
+def test_a_base_handler_subclass_serves_its_torchscript_model(ts_mesh: tuple[Mesh, str]) -> None:
+    mesh, management = ts_mesh
+    assert register(management, "scorer.mar", batch_size=4).status_code == 200
+    rows = torch.randn(12, 4, generator=torch.Generator().manual_seed(3))
+
+    async def ask(http: httpx.AsyncClient, row: list[float]) -> list[float]:
+        response = await http.post(f"{mesh.url}/predictions/scorer", json={"features": row})
+        assert response.status_code == 200, response.text
+        return list(response.json()["scores"])
+
+    async def run() -> list[list[float]]:
+        async with httpx.AsyncClient(timeout=60) as http:
+            return await asyncio.gather(*(ask(http, row) for row in rows.tolist()))
+
+    got = torch.tensor(asyncio.run(run()))
+    with torch.inference_mode():
+        want = scorer_model()(rows)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

@@ -44,6 +44,7 @@ _ENV_KEYS = (
     "default_response_timeout",
     "max_request_size",
     "max_response_size",
+    "install_py_dep_per_model",
 )
 
 
@@ -99,6 +100,8 @@ class TsProperties:
         models: ``models``: per model name, per version string, its settings.
         max_request_size: ``max_request_size`` in bytes (TorchServe: 6553500).
         max_response_size: ``max_response_size`` in bytes (TorchServe: 6553500).
+        install_py_dep_per_model: ``install_py_dep_per_model``: install each archive's
+            ``requirements.txt`` (TorchServe: false).
         enable_envvars_config: Whether ``TS_<KEY>`` environment variables were applied.
         ignored: Every other key present, in file order.
     """
@@ -114,6 +117,7 @@ class TsProperties:
     models: dict[str, dict[str, ModelVersionSettings]] = field(default_factory=dict)
     max_request_size: int | None = None
     max_response_size: int | None = None
+    install_py_dep_per_model: bool | None = None
     enable_envvars_config: bool = False
     ignored: list[str] = field(default_factory=list)
 
@@ -360,4 +364,5 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "models": _models,
     "max_request_size": partial(_integer, minimum=1),
     "max_response_size": partial(_integer, minimum=1),
+    "install_py_dep_per_model": _boolean,
 }

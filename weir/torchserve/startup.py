@@ -77,6 +77,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_default_workers_per_model": properties.default_workers_per_model,
         "ts_max_request_size_bytes": properties.max_request_size,
         "ts_max_response_size_bytes": properties.max_response_size,
+        "ts_install_requirements": properties.install_py_dep_per_model,
     }
     return {k: v for k, v in candidates.items() if v is not None and k not in given}
 

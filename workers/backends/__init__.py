@@ -11,12 +11,17 @@ from workers.threads import ThreadShare
 
 
 def load_backend(
-    config: ModelConfig, version_dir: Path, share: ThreadShare | None = None, instances: int = 1
+    config: ModelConfig,
+    version_dir: Path,
+    share: ThreadShare | None = None,
+    instances: int = 1,
+    install_requirements: bool = False,
 ) -> ModelBackend:
     """Load an instance of ``config``'s model from ``version_dir``.
 
     ``share``: the worker's threads, which the instances of every model share out;
-    ``instances``: how many instances of this model the worker runs.
+    ``instances``: how many instances of this model the worker runs;
+    ``install_requirements``: install a TorchServe archive's ``requirements.txt``.
     """
     if config.backend is Backend.PYTORCH:
         from workers.backends.torch_backend import TorchBackend
@@ -37,7 +42,7 @@ def load_backend(
     if config.backend is Backend.TORCHSERVE:
         from workers.backends.torchserve_backend import TorchServeBackend
 
-        return TorchServeBackend(config, version_dir)
+        return TorchServeBackend(config, version_dir, install_requirements)
     raise ConfigError(
         f"{version_dir}: backend {config.backend.value!r} is not available in this worker yet"
     )

@@ -27,7 +27,8 @@ working directory. A Weir worker runs many models in one process, so:
   TorchServe's handlers do, not by a relative path.
 - ``system_properties["gpu_id"]`` is None: Weir's backends take no device yet
   (:mod:`workers.placement` places no instance on a GPU), so handlers run on the CPU.
-- The archive's ``requirements.txt`` is not installed (said once, at info).
+- The archive's ``requirements.txt`` is installed only when the worker allows it
+  (:mod:`workers.backends.torchserve_requirements`); otherwise it is said once, at info.
 
 Each batch holds ``body`` (a raw body: ``{"body": bytearray}``) or ``ts_request`` (a whole
 TorchServe request, :mod:`weir.torchserve.envelope`) per request; ``handle`` gets one dict per
@@ -89,7 +90,9 @@ class TorchServeBackend(ModelBackend):
 
     shareable = False  # a handler object serves one batch at a time
 
-    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
+    def __init__(
+        self, config: ModelConfig, version_dir: Path, install_requirements: bool = False
+    ) -> None:
         self.config = config
         self.batches = config.max_batch_size > 0
         self.path = model_path(config, version_dir)
@@ -104,7 +107,9 @@ class TorchServeBackend(ModelBackend):
             weir.__version__,
             archive.read_model_config(self.model_dir),
         )
-        loader = HandlerLoader(config.name, self.path, self.model_dir, self.manifest)
+        loader = HandlerLoader(
+            config.name, self.path, self.model_dir, self.manifest, install_requirements
+        )
         self.entry_point = loader.load(self.context)
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

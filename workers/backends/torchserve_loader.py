@@ -29,6 +29,7 @@ from typing import Any
 from weir.errors import ConfigError
 from weir.torchserve import archive
 from workers.backends.torchserve_context import Context
+from workers.backends.torchserve_requirements import add_to_path, install
 
 logger = logging.getLogger(__name__)
 
@@ -58,7 +59,15 @@ class EntryPoint:
 class HandlerLoader:
     """Imports and initializes one archive's handler, as TorchServe's model loader does."""
 
-    def __init__(self, model: str, path: Path, model_dir: Path, manifest: archive.Manifest) -> None:
+    def __init__(
+        self,
+        model: str,
+        path: Path,
+        model_dir: Path,
+        manifest: archive.Manifest,
+        install_requirements: bool = False,
+    ) -> None:
+        self.install_requirements = install_requirements
         self.model = model
         self.path = path
         self.model_dir = model_dir
@@ -72,7 +81,7 @@ class HandlerLoader:
                 f"{self.path}: runtime {self.manifest.runtime!r} is not served "
                 f"(only {', '.join(PYTHON_RUNTIMES)})"
             )
-        self._tell_requirements()
+        self._requirements()
         module_name, _, function_name = self.handler.partition(":")
         module_name = module_name.removesuffix(".py").split("/")[-1]
         with archive_imports(self.model_dir, skip=f"{module_name}.py"):
@@ -174,13 +183,15 @@ class HandlerLoader:
             f"{type(exc).__name__}: {exc}"
         )
 
-    def _tell_requirements(self) -> None:
+    def _requirements(self) -> None:
         file = self.manifest.requirements_file
-        if file and self.model_dir not in _TOLD_REQUIREMENTS:
+        if file and self.install_requirements:
+            add_to_path(install(self.model, self.model_dir, file))
+        elif file and self.model_dir not in _TOLD_REQUIREMENTS:
             _TOLD_REQUIREMENTS.add(self.model_dir)
             logger.info(
-                "model %s: Weir does not install the archive's %s; its packages must be "
-                "installed in the worker's environment",
+                "model %s: Weir does not install the archive's %s: its packages must be in "
+                "the worker's environment (or set WEIR_WORKER_TS_INSTALL_REQUIREMENTS=true)",
                 self.model,
                 file,
             )
