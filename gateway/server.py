@@ -81,8 +81,10 @@ def management_port(settings: GatewaySettings) -> int:
 
 def _sockets(settings: GatewaySettings) -> list[socket.socket]:
     """The HTTP socket, and the management socket when there is one."""
-    ports = [settings.http_port, management_port(settings)]
-    return [_bind(settings.host, port) for port in ports if port]
+    sockets = [_bind(settings.host, settings.http_port)]
+    if management_port(settings):
+        sockets.append(_bind(settings.ts_management_host, settings.ts_management_port))
+    return sockets
 
 
 def _bind(host: str, port: int) -> socket.socket:

@@ -54,6 +54,7 @@ class Embedded(Service):
             env.update(
                 WEIR_MODEL_STORE=str(self.settings.model_store.resolve()),
                 WEIR_GATEWAY_TS_MANAGEMENT_PORT=str(self.settings.ts_management_port),
+                WEIR_GATEWAY_TS_MANAGEMENT_HOST=self.settings.ts_management_host,
                 WEIR_GATEWAY_TS_MAX_REQUEST_SIZE_BYTES=str(self.settings.ts_max_request_size_bytes),
                 WEIR_GATEWAY_TS_MAX_RESPONSE_SIZE_BYTES=str(
                     self.settings.ts_max_response_size_bytes

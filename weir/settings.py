@@ -135,6 +135,10 @@ class GatewaySettings(ServiceSettings):
         le=65535,
         description="TorchServe's management API (with a model store; 0: none)",
     )
+    ts_management_host: str = Field(
+        "127.0.0.1",
+        description="the management API's bind address (TorchServe's default: loopback only)",
+    )
     ts_max_request_size_bytes: int = Field(
         6553500, gt=0, description="largest /predictions body (TorchServe's max_request_size)"
     )
@@ -242,6 +246,7 @@ class UpSettings(ServiceSettings):
     models: list[str] = Field(default_factory=list)
     ts_config: Path | None = None
     ts_management_port: int = Field(8081, ge=0, le=65535)
+    ts_management_host: str = "127.0.0.1"
     ts_max_request_size_bytes: int = Field(6553500, gt=0)
     ts_max_response_size_bytes: int = Field(6553500, gt=0)
     ts_default_workers_per_model: int = Field(1, ge=0)

@@ -24,15 +24,38 @@ class TorchServeFront:
     def __init__(self, store: ModelStore | None) -> None:
         self.store = store
         self.tasks: set[asyncio.Task[None]] = set()
+        # What the store's records say, read again only when they change: a prediction
+        # costs one stat of the records' directory, not a read of them.
+        self._generation = -1
+        self._models: frozenset[str] = frozenset()
+        self._versions: dict[tuple[str, str | None], str] = {}
+
+    def registered(self, model: str) -> bool:
+        """Whether ``model`` is a model of the store."""
+        return model in self._current()
 
     def weir_version(self, model: str, version: str | None) -> str | None:
         """The Weir version a TorchServe request for ``model`` (``version``) goes to."""
-        if self.store is None or model not in self.store.models():
+        if self.store is None or model not in self._current():
             return version
-        try:
-            return self.store.version_for(model, version)
-        except StoreError as exc:
-            raise NotFound(str(exc)) from None
+        found = self._versions.get((model, version))
+        if found is None:
+            try:
+                found = self.store.version_for(model, version)
+            except StoreError as exc:
+                raise NotFound(str(exc)) from None
+            self._versions[(model, version)] = found
+        return found
+
+    def _current(self) -> frozenset[str]:
+        if self.store is None:
+            return frozenset()
+        generation = self.store.generation()
+        if generation != self._generation:
+            self._generation = generation
+            self._models = frozenset(self.store.models())
+            self._versions = {}
+        return self._models
 
     def ts_version(self, model: str, version: str) -> str:
         """The TorchServe name of Weir version ``version`` of ``model``."""

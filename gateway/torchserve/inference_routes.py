@@ -21,7 +21,7 @@ from gateway.torchserve.requests import ts_request
 from gateway.torchserve.responses import status_response, weir_error_response
 from weir import datatypes
 from weir.config import Backend
-from weir.errors import BodyTooLarge, NotFound, WeirError
+from weir.errors import BodyTooLarge, NotFound, Unavailable, WeirError
 from weir.repository import ModelEntry
 from weir.tensors import Tensor
 from weir.torchserve import envelope
@@ -30,6 +30,10 @@ from weir.wire import InferReply
 router = APIRouter()
 METHODS = ["POST", "PUT"]
 ANSWER = (envelope.RESPONSE, envelope.STATUS, envelope.HEADERS)
+_NO_WORKER = (
+    'Model "{model}" has no worker to serve inference request. Please use scale workers API '
+    "to add workers."
+)
 
 
 @router.get("/ping")
@@ -66,6 +70,7 @@ async def predict(request: Request, model: str, version: str | None, explain: bo
     """One TorchServe prediction; WeirError for any failure."""
     state = gateway_state(request)
     entry, weir_version = resolve(state, model, version)
+    await _check_served(state, entry, weir_version)
     try:
         raw = await read_body(request, state.settings.ts_max_request_size_bytes)
         element = _element(entry, await ts_request(request, raw, explain))
@@ -80,8 +85,13 @@ async def predict(request: Request, model: str, version: str | None, explain: bo
 
 
 def resolve(state: GatewayState, model: str, version: str | None) -> tuple[ModelEntry, str]:
-    """The archive's model and the Weir version a request for it goes to."""
+    """The archive's model and the Weir version a request for it goes to.
+
+    A model of the store that is registered and not loaded (0 workers) is TorchServe's 503.
+    """
     weir_version = state.torchserve.weir_version(model, version)
+    if model not in state.repository.models and state.torchserve.registered(model):
+        raise Unavailable(_NO_WORKER.format(model=model))
     try:
         entry, weir_version = state.repository.resolve(model, weir_version)
     except NotFound:
@@ -94,6 +104,17 @@ def resolve(state: GatewayState, model: str, version: str | None) -> tuple[Model
             f"/v2/models/{model}/infer)"
         )
     return entry, weir_version
+
+
+async def _check_served(state: GatewayState, entry: ModelEntry, version: str) -> None:
+    """A model of the store that no live worker runs is TorchServe's 503, at once."""
+    if not state.torchserve.registered(entry.name) or state.catalog.view.serves(
+        entry.name, version
+    ):
+        return
+    # The control loop's view may be a refresh old: ask the workers' heartbeats themselves.
+    if (entry.name, version) not in await served_now(state):
+        raise Unavailable(_NO_WORKER.format(model=entry.name))
 
 
 def _wanted() -> list[RequestedOutput]:

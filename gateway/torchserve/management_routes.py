@@ -26,7 +26,9 @@ from gateway.torchserve.store_view import describe_versions
 from weir.errors import InvalidInput, ServerError, Unavailable, WeirError
 from weir.torchserve.store import ModelStore, Registration, StoreError
 
-router = APIRouter(prefix=PREFIX)
+# Served on the management port only (gateway.torchserve.ports), so not in the HTTP port's
+# OpenAPI description.
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
 NO_WORKERS = (
     "registered with 0 initial workers. Use scale workers API to add workers for the model."
 )

@@ -24,6 +24,7 @@ ERROR_TYPES: dict[ErrorKind, str] = {
 }
 TYPES_BY_STATUS = {
     400: "BadRequestException",
+    403: "InvalidModelVersionException",
     404: "ModelNotFoundException",
     405: "MethodNotAllowedException",
     409: "ConflictStatusException",

@@ -159,12 +159,24 @@ def with_kserve_infer_request(published: dict[str, Any]) -> dict[str, Any]:
     return spec
 
 
+TORCHSERVE_PATHS = ("/predictions/", "/explanations/", "/ping")
+
+
 def kserve_error_shape(ctx: Any, response: Response, case: Case) -> None:
-    """Every non-2xx answer is ``{"error": "<message>"}``."""
+    """Every non-2xx answer is ``{"error": "<message>"}`` (TorchServe's routes: its shape)."""
     if 200 <= response.status_code < 300:
         return
     assert response.headers.get("content-type") == ["application/json"], response.headers
     error = response.json()
+    if case.path.startswith(TORCHSERVE_PATHS):
+        assert isinstance(error, dict), error
+        if case.path == "/ping":
+            assert error == {"status": "Unhealthy"}, error
+            return
+        assert set(error) == {"code", "type", "message"}, error
+        assert error["code"] == response.status_code, error
+        assert isinstance(error["message"], str) and error["message"], error
+        return
     assert isinstance(error, dict) and set(error) == {"error"}, error
     assert isinstance(error["error"], str) and error["error"], error
 

@@ -91,7 +91,7 @@ class Broken:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
     root = tmp_path_factory.mktemp("store")
-    for name, version in (("echo", "1.0"), ("multi", "1.0")):
+    for name, version in (("echo", "1.0"), ("multi", "1.0"), ("lazy", "1.0")):
         build_archive(root, name, ECHO.replace("VERSION", repr(version)), version=version)
     newer = build_archive(root / "v2", "multi", ECHO.replace("VERSION", "'2.0'"), version="2.0")
     newer.rename(root / "multi-v2.mar")
@@ -351,3 +351,25 @@ def test_a_base_handler_subclass_serves_its_torchscript_model(ts_mesh: tuple[Mes
     with torch.inference_mode():
         want = scorer_model()(rows)
     torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_model_without_workers_answers_503_until_scaled(ts_mesh: tuple[Mesh, str]) -> None:
+    mesh, management = ts_mesh
+    registered = register(management, "lazy.mar", initial_workers=0)
+    assert registered.json() == {
+        "status": 'Model "lazy" Version: 1.0 registered with 0 initial workers. Use scale '
+        "workers API to add workers for the model."
+    }
+    idle = httpx.post(f"{mesh.url}/predictions/lazy", content=b"x", timeout=30)
+    assert idle.status_code == 503
+    assert idle.json()["message"].startswith('Model "lazy" has no worker to serve')
+    scaled = httpx.put(
+        f"{management}/models/lazy",
+        params={"min_worker": 1, "synchronous": "true"},
+        headers=AUTH,
+        timeout=120,
+    )
+    assert scaled.status_code == 200, scaled.text
+    busy = httpx.post(f"{mesh.url}/predictions/lazy", content=b"x", timeout=30)
+    assert busy.status_code == 200, busy.text
+    assert busy.json()["echo"] == "x"

@@ -118,6 +118,13 @@ class Bookkeeping:
     def __init__(self, repository: Path) -> None:
         self.directory = repository / BOOK_DIR
 
+    def generation(self) -> int:
+        """Changes whenever a book is written or removed (each is a rename in the directory)."""
+        try:
+            return self.directory.stat().st_mtime_ns
+        except FileNotFoundError:
+            return 0
+
     def names(self) -> list[str]:
         """The registered model names, sorted."""
         if not self.directory.is_dir():

@@ -73,6 +73,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "model_store": properties.model_store,
         "http_port": properties.inference_address and properties.inference_address.port,
         "ts_management_port": properties.management_address and properties.management_address.port,
+        "ts_management_host": properties.management_address and properties.management_address.host,
         "metrics_port": properties.metrics_address and properties.metrics_address.port,
         "ts_default_workers_per_model": properties.default_workers_per_model,
         "ts_max_request_size_bytes": properties.max_request_size,

@@ -123,6 +123,10 @@ class ModelStore:
         """The registered model names, sorted."""
         return self._books.names()
 
+    def generation(self) -> int:
+        """A number that changes whenever a registration changes (cheap: one stat)."""
+        return self._books.generation()
+
     def describe(self, name: str) -> ModelRecord:
         return self._books.read(name).record()
 
