@@ -703,3 +703,23 @@ def test_a_request_with_neither_input_is_invalid(tmp_path: Path) -> None:
         backend.infer({})
     with pytest.raises(InvalidInput, match="malformed ts_request"):
         backend.infer({envelope.TS_REQUEST: objects([b"\x01garbage"])})
+
+
+@imports_ts
+def test_the_base_handler_builtin_loads_the_archives_torchscript_model(tmp_path: Path) -> None:
+    model = torch.jit.script(torch.nn.Linear(2, 2))
+    model.save(str(tmp_path / "linear.pt"))
+    archive = build_archive(
+        tmp_path / "store",
+        "plain",
+        handler_file="base_handler",
+        serialized_file=tmp_path / "linear.pt",
+    )
+    backend = serve(tmp_path, archive, "plain")
+    handler = backend.entry_point.handle.__self__  # type: ignore[attr-defined]
+    assert type(handler).__module__ == "ts.torch_handler.base_handler"
+    assert isinstance(handler.model, torch.jit.ScriptModule)
+    # BaseHandler's own preprocess takes tensors, not TorchServe's request dicts: as in
+    # TorchServe, a request it cannot read fails with "Prediction failed" (503).
+    with pytest.raises(Unavailable, match="model 'plain': Prediction failed"):
+        backend.infer(ts_inputs(json_request([1.0, 2.0])))
