@@ -64,7 +64,18 @@ async def execute(
     reply = await state.mesh.infer(entry, version, body, batch)
     reply.raise_for_error()
     reply.outputs = classification.apply(entry, body, reply.outputs)
+    _check_response_size(entry, reply.outputs, state.settings.response_limit_bytes)
     return reply
+
+
+def _check_response_size(entry: ModelEntry, outputs: dict[str, Tensor], limit_bytes: int) -> None:
+    """Refuse, before anything is rendered, a response whose outputs exceed the limit."""
+    size = sum(len(tensor.data) for tensor in outputs.values())
+    if size > limit_bytes:
+        raise BodyTooLarge(
+            f"the outputs of model '{entry.name}' hold {size} bytes, over the response limit "
+            f"of {limit_bytes} bytes (WEIR_GATEWAY_RESPONSE_LIMIT_BYTES)"
+        )
 
 
 def _outputs(body: InferBody, outputs: dict[str, Tensor]) -> list[tuple[str, Tensor, bool]]:

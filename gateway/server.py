@@ -32,6 +32,7 @@ from starlette.types import ASGIApp
 from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.fastpath import InferFastPath
+from gateway.paths import RawPathGuard
 from gateway.torchserve.ports import ManagementPort
 from weir.control.mode import ControlMode
 from weir.repository import ModelEntry, Repository
@@ -71,6 +72,7 @@ def _server(settings: GatewaySettings, serve_metrics: bool) -> _Server:
     served: ASGIApp = InferFastPath(app)
     if management_port(settings):
         served = ManagementPort(served, settings.ts_management_port)
+    served = RawPathGuard(served)
     return _Server(_config(settings, served), drain_hooks)
 
 

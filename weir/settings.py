@@ -102,6 +102,12 @@ class GatewaySettings(ServiceSettings):
     metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
     processes: int = Field(1, ge=1, description="gateway processes sharing the ports")
     body_limit_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    response_limit_bytes: int = Field(
+        256 * 1024 * 1024,
+        gt=0,
+        description="largest sum of the output tensors' bytes one response carries, checked "
+        "before it is rendered (413 / RESOURCE_EXHAUSTED past it)",
+    )
     request_timeout_s: float = Field(60.0, gt=0)
     reply_read_count: int = Field(512, gt=0)
     reply_block_ms: int = Field(1000, gt=0)
