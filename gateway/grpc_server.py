@@ -29,12 +29,30 @@ logger = logging.getLogger(__name__)
 MAX_MESSAGE_BYTES = 2**31 - 1
 
 
+KEEPALIVE_TIMEOUT_MS = 20_000
+
+
 def server_options(settings: GatewaySettings) -> list[tuple[str, int]]:
+    """The channel arguments of gRPC: message size, and the limits a hostile client meets.
+
+    A connection must finish its HTTP/2 handshake within the HTTP head timeout (gRPC's own
+    default is 120 s, time enough to exhaust descriptors with silent connections), is closed
+    when idle, and is pinged so that a dead peer's connection goes.
+    """
     return [
         ("grpc.max_receive_message_length", min(settings.body_limit_bytes, MAX_MESSAGE_BYTES)),
         ("grpc.max_send_message_length", -1),
         ("grpc.so_reuseport", int(settings.processes > 1)),
+        ("grpc.server_handshake_timeout_ms", _ms(settings.header_timeout_s)),
+        ("grpc.max_connection_idle_ms", _ms(settings.grpc_max_connection_idle_s)),
+        ("grpc.max_concurrent_streams", settings.grpc_max_concurrent_streams),
+        ("grpc.keepalive_time_ms", _ms(settings.grpc_keepalive_s)),
+        ("grpc.keepalive_timeout_ms", KEEPALIVE_TIMEOUT_MS),
     ]
+
+
+def _ms(seconds: float) -> int:
+    return min(int(seconds * 1000), MAX_MESSAGE_BYTES)
 
 
 def bind_address(host: str, port: int) -> str:

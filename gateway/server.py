@@ -19,6 +19,7 @@ import logging
 import math
 import multiprocessing
 import os
+import resource
 import signal
 import socket
 from collections.abc import Callable, Iterator
@@ -32,6 +33,7 @@ from starlette.types import ASGIApp
 from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.fastpath import InferFastPath
+from gateway.http_protocol import HttpLimits, protocol_class
 from gateway.paths import RawPathGuard
 from gateway.torchserve.ports import ManagementPort
 from weir.control.mode import ControlMode
@@ -76,6 +78,21 @@ def _server(settings: GatewaySettings, serve_metrics: bool) -> _Server:
     return _Server(_config(settings, served), drain_hooks)
 
 
+def http_limits(settings: GatewaySettings) -> HttpLimits:
+    """The HTTP connections' limits; the connection cap stays below the descriptor limit."""
+    connections = settings.max_connections
+    if not connections:
+        soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+        connections = max(soft * 3 // 4, 64)
+    return HttpLimits(
+        settings.max_header_bytes,
+        settings.max_headers,
+        settings.header_timeout_s,
+        settings.body_idle_timeout_s,
+        connections,
+    )
+
+
 def management_port(settings: GatewaySettings) -> int:
     """TorchServe's management port, served with a model store only (0: none)."""
     return settings.ts_management_port if settings.model_store is not None else 0
@@ -103,7 +120,7 @@ def _config(settings: GatewaySettings, app: ASGIApp) -> uvicorn.Config:
         host=settings.host,
         port=settings.http_port,
         loop="auto",
-        http="auto",
+        http=protocol_class(http_limits(settings)),
         log_level=settings.log_level.lower(),
         access_log=False,
         # Nothing in the gateway reads the client's address, so X-Forwarded-* need not be

@@ -102,6 +102,34 @@ class GatewaySettings(ServiceSettings):
     metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
     processes: int = Field(1, ge=1, description="gateway processes sharing the ports")
     body_limit_bytes: int = Field(64 * 1024 * 1024, gt=0)
+    max_header_bytes: int = Field(
+        64 * 1024, gt=0, description="largest HTTP request head (request line and headers), 431"
+    )
+    max_headers: int = Field(100, gt=0, description="most headers of an HTTP request, 431")
+    header_timeout_s: float = Field(
+        10.0, gt=0, description="longest an HTTP request head may take to arrive, 408"
+    )
+    body_idle_timeout_s: float = Field(
+        30.0, gt=0, description="longest an HTTP request body may send nothing (then closed)"
+    )
+    max_connections: int = Field(
+        0,
+        ge=0,
+        description="most HTTP connections one gateway process holds, 503 past it (0: three "
+        "quarters of its descriptor limit)",
+    )
+    grpc_max_concurrent_streams: int = Field(
+        1000, gt=0, description="most calls at once on one gRPC connection"
+    )
+    grpc_max_connection_idle_s: float = Field(
+        300.0, gt=0, description="a gRPC connection with no call for this long is closed"
+    )
+    grpc_keepalive_s: float = Field(
+        60.0,
+        gt=0,
+        description="how often the gateway pings a gRPC client, so a dead peer's connection "
+        "is found and closed (20 s to answer)",
+    )
     response_limit_bytes: int = Field(
         256 * 1024 * 1024,
         gt=0,

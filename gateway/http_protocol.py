@@ -1,0 +1,162 @@
+"""HTTP/1.1 as uvicorn's httptools protocol serves it, with the limits a hostile client meets.
+
+uvicorn bounds neither the request head nor the time a client takes to send it, so one
+client could stall the event loop with a huge head or hold descriptors with connections that
+never finish a request. This protocol adds, before anything reaches the app (or its tokens):
+
+- a head (request line and headers) over ``max_header_bytes`` or with more than
+  ``max_headers`` headers: 431, and the connection closes; the parser never sees more than
+  the limit;
+- a head not complete within ``header_timeout_s`` of the connection (or, on a kept-alive
+  connection, of its first byte): 408, closed;
+- a body that sends nothing for ``body_idle_timeout_s``: the connection closes (the app sees a
+  disconnect);
+- a connection past ``max_connections`` open ones: 503, closed at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+from typing import Any
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+REASONS = {
+    408: b"Request Timeout",
+    431: b"Request Header Fields Too Large",
+    503: b"Service Unavailable",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class HttpLimits:
+    """The limits of one gateway's HTTP connections (from its settings)."""
+
+    max_header_bytes: int
+    max_headers: int
+    header_timeout_s: float
+    body_idle_timeout_s: float
+    max_connections: int
+
+
+class _TooManyHeaders(Exception):
+    pass
+
+
+class LimitedHttpProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with :class:`HttpLimits`; built by :func:`protocol_class`."""
+
+    limits: HttpLimits
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._in_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        self._timer: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        if len(self.connections) > self.limits.max_connections:
+            self._refuse(503, "the gateway holds its most connections; retry later")
+            return
+        self._arm(self.limits.header_timeout_s, self._head_late)  # a silent client too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._cancel_timer()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self.transport.is_closing():
+            return
+        if not self._in_head:
+            self._arm(self.limits.body_idle_timeout_s, self._body_idle)
+            self._feed(data)
+            return
+        if self._timer is None:  # the first byte of a request after the last one
+            self._arm(self.limits.header_timeout_s, self._head_late)
+        room = self.limits.max_header_bytes - self._head_bytes
+        head, rest = data[:room], data[room:]
+        self._head_bytes += len(head)
+        self._feed(head)
+        if rest and self._in_head:
+            self._refuse(431, f"the request head exceeds {self.limits.max_header_bytes} bytes")
+        elif rest:
+            self.data_received(rest)  # a body, or the next request's head
+
+    def _feed(self, data: bytes) -> None:
+        try:
+            self.parser.feed_data(data)
+        except _TooManyHeaders:
+            self._refuse(431, f"the request has more than {self.limits.max_headers} headers")
+        except httptools.HttpParserCallbackError as exc:
+            if isinstance(exc.__context__, _TooManyHeaders):
+                self._refuse(431, f"the request has more than {self.limits.max_headers} headers")
+            else:
+                self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserError:
+            self.send_400_response("Invalid HTTP request received.")
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self.limits.max_headers:
+            raise _TooManyHeaders
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._arm(self.limits.body_idle_timeout_s, self._body_idle)
+        super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._cancel_timer()
+        self._in_head = True
+        self._head_bytes = 0
+        self._header_count = 0
+        super().on_message_complete()
+
+    def _arm(self, delay_s: float, handler: Any) -> None:
+        self._cancel_timer()
+        self._timer = self.loop.call_later(delay_s, handler)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _head_late(self) -> None:
+        if self._in_head:
+            self._refuse(408, f"the request head took over {self.limits.header_timeout_s:g} s")
+
+    def _body_idle(self) -> None:
+        if not self._in_head and not self.transport.is_closing():
+            self.transport.close()
+
+    def _refuse(self, status: int, message: str) -> None:
+        """Answer ``status`` (KServe's error shape) and close the connection."""
+        if self.transport.is_closing():
+            return
+        self._cancel_timer()
+        body = b'{"error":"' + message.encode() + b'"}'
+        head = [
+            b"HTTP/1.1 %d %s\r\n" % (status, REASONS[status]),
+            b"content-type: application/json\r\n",
+            b"content-length: %d\r\n" % len(body),
+            b"connection: close\r\n",
+        ]
+        if status == 503:
+            head.append(b"retry-after: 1\r\n")
+        self.transport.write(b"".join([*head, b"\r\n", body]))
+        self.transport.close()
+
+
+def protocol_class(limits: HttpLimits) -> type[LimitedHttpProtocol]:
+    """A protocol class for uvicorn's ``http=`` option, holding ``limits``."""
+    return type("GatewayHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
