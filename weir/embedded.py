@@ -2,14 +2,18 @@
 
 Starts a private redis-server, then one gateway, one batcher and one CPU worker pool as
 child processes, each in its own session so that a Ctrl-C reaches only this supervisor.
-It prints where it listens once the gateway reports ready. On SIGINT/SIGTERM, or when any
-child dies, it stops the children in data-flow order (gateway, batcher, worker, so each
-drains into a live next stage) and then Redis.
+It prints where it listens once the gateway reports ready; a service that dies before then
+stops it all (the mesh cannot start). After that it supervises: a service that dies is
+started again, after a backoff that doubles from 1 s up to 30 s while it keeps dying and is
+forgotten once it has run a minute, each restart logged; crash safety means no accepted
+request is lost meanwhile. On SIGINT/SIGTERM it stops the children in data-flow order
+(gateway, batcher, worker, so each drains into a live next stage) and then Redis.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -22,6 +26,9 @@ from weir.settings import UpSettings
 
 logger = logging.getLogger(__name__)
 
+RESTART_BACKOFF_S = (1.0, 30.0)  # first and longest wait before a dead service restarts
+STABLE_S = 60.0  # a service that ran this long starts its backoff over
+
 
 class Embedded(Service):
     """Supervises redis-server and one process per mesh service."""
@@ -33,6 +40,7 @@ class Embedded(Service):
         self.settings = settings
         self.redis = RedisServer(settings.redis_port, settings.redis_server)
         self.children: dict[str, asyncio.subprocess.Process] = {}
+        self.env: dict[str, str] = {}
         self.exit_code = 0
 
     def _environment(self) -> dict[str, str]:
@@ -68,11 +76,9 @@ class Embedded(Service):
 
     async def startup(self) -> None:
         await asyncio.to_thread(self.redis.start)
-        env = self._environment()
+        self.env = self._environment()
         for name, args in self._services():
-            self.children[name] = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "weir.cli", *args, env=env, start_new_session=True
-            )
+            self.children[name] = await self._spawn(args)
         await self._wait_ready()
         grpc, metrics = self.settings.grpc_port, self.settings.metrics_port
         print(
@@ -105,16 +111,33 @@ class Embedded(Service):
     def _dead_child(self) -> str | None:
         return next((n for n, p in self.children.items() if p.returncode is not None), None)
 
+    async def _spawn(self, args: list[str]) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "weir.cli", *args, env=self.env, start_new_session=True
+        )
+
     async def run(self) -> None:
-        waits = [asyncio.ensure_future(p.wait()) for p in self.children.values()]
-        exiting = asyncio.ensure_future(self.should_exit.wait())
-        await asyncio.wait([*waits, exiting], return_when=asyncio.FIRST_COMPLETED)
-        for waiter in [*waits, exiting]:
-            waiter.cancel()
-        dead = self._dead_child()
-        if dead and not self.should_exit.is_set():
-            logger.error("%s exited with %s; stopping", dead, self.children[dead].returncode)
-            self.exit_code = 1
+        keepers = [asyncio.ensure_future(self._keep(n, a)) for n, a in self._services()]
+        await self.should_exit.wait()
+        for keeper in keepers:
+            keeper.cancel()
+        await asyncio.gather(*keepers, return_exceptions=True)
+
+    async def _keep(self, name: str, args: list[str]) -> None:
+        """Start ``name`` again whenever it dies, with a backoff, until Weir exits."""
+        backoff_s = RESTART_BACKOFF_S[0]
+        started = time.monotonic()
+        while True:
+            code = await self.children[name].wait()
+            if time.monotonic() - started >= STABLE_S:
+                backoff_s = RESTART_BACKOFF_S[0]
+            logger.warning("%s exited with %s; starting it again in %g s", name, code, backoff_s)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.should_exit.wait(), backoff_s)
+                return  # Weir is stopping: the child stays down
+            self.children[name] = await self._spawn(args)
+            started = time.monotonic()
+            backoff_s = min(backoff_s * 2, RESTART_BACKOFF_S[1])
 
     def _services(self) -> list[tuple[str, list[str]]]:
         workers = [

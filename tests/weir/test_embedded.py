@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import re
 import signal
 from pathlib import Path
 
 import httpx
+import psutil
 
+from tests.conftest import wait_until
 from tests.weir_up import port_open, weir_up
 from weir.redis_server import free_port
 
@@ -34,3 +37,43 @@ def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path)
         assert not port_open(port), "the gateway still listens after weir up exited"
         assert not port_open(grpc_port), "the gateway's gRPC still listens after weir up exited"
         assert not port_open(redis_port), "redis-server still listens after weir up exited"
+
+
+def test_weir_up_starts_a_service_that_dies_again(example_repository: Path) -> None:
+    port = free_port()
+    args = ["--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0"]
+    args += ["--repository", str(example_repository)]
+    with weir_up(*args) as up:
+        (worker,) = services(up.process.pid, "worker")
+        worker.kill()
+        wait_until(
+            lambda: [p.pid for p in services(up.process.pid, "worker")] not in ([], [worker.pid]),
+            30,
+            "a new worker process",
+        )
+        wait_until(lambda: infers(port), 90, "the mesh to serve again")
+        assert up.process.poll() is None  # weir up itself kept running
+
+
+def services(pid: int, command: str) -> list[psutil.Process]:
+    """The children of weir up that run ``weir <command>``."""
+    found = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+            if alive and command in child.cmdline()[3:4]:
+                found.append(child)
+    return found
+
+
+def infers(port: int) -> bool:
+    body = {
+        "inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]
+    }
+    try:
+        response = httpx.post(
+            f"http://127.0.0.1:{port}/v2/models/tiny_mlp/infer", json=body, timeout=5
+        )
+    except httpx.HTTPError:
+        return False
+    return response.status_code == 200

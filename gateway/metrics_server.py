@@ -1,0 +1,128 @@
+"""The metrics port's server: behind the management token, cheap and bounded under load.
+
+prometheus-client's own server renders every scrape anew in a new thread, with no limit: a
+flood of scrapes held the GIL and slowed inference by seconds. This one renders at most once
+per ``cache_s`` (concurrent scrapes share that render), serves at most ``max_scrapes`` at
+once (503 past it, at once), gives a client ``timeout_s`` to send its request, and, when a
+management token is set, asks for it (``Authorization: Bearer``; 401 without).
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from socketserver import ThreadingMixIn
+from typing import Any
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+
+logger = logging.getLogger(__name__)
+
+StartResponse = Callable[[str, list[tuple[str, str]]], Any]
+
+
+@dataclass(frozen=True, slots=True)
+class ScrapeLimits:
+    """How the metrics port guards itself."""
+
+    token: str | None = None
+    cache_s: float = 1.0
+    max_scrapes: int = 4
+    timeout_s: float = 10.0
+
+
+class CachedExposition:
+    """The registry's exposition, rendered at most once per ``cache_s``."""
+
+    def __init__(self, registry: CollectorRegistry, cache_s: float) -> None:
+        self.registry = registry
+        self.cache_s = cache_s
+        self.lock = threading.Lock()
+        self.body = b""
+        self.rendered_at = -float("inf")
+
+    def get(self) -> bytes:
+        with self.lock:  # a scrape arriving during a render waits for it and shares it
+            if time.monotonic() - self.rendered_at >= self.cache_s:
+                self.body = generate_latest(self.registry)
+                self.rendered_at = time.monotonic()
+            return self.body
+
+
+class MetricsApp:
+    """The WSGI app of the metrics port."""
+
+    def __init__(self, registry: CollectorRegistry, limits: ScrapeLimits) -> None:
+        self.limits = limits
+        self.exposition = CachedExposition(registry, limits.cache_s)
+        self.slots = threading.BoundedSemaphore(limits.max_scrapes)
+
+    def __call__(self, environ: dict[str, Any], start_response: StartResponse) -> Iterable[bytes]:
+        if environ.get("PATH_INFO") not in ("/", "/metrics"):
+            return _plain(start_response, "404 Not Found", b"not found\n")
+        if not self._authorized(environ.get("HTTP_AUTHORIZATION", "")):
+            headers = [("WWW-Authenticate", "Bearer")]
+            denied = b"a bearer token is needed\n"
+            return _plain(start_response, "401 Unauthorized", denied, headers)
+        if not self.slots.acquire(blocking=False):
+            headers = [("Retry-After", "1")]
+            return _plain(start_response, "503 Service Unavailable", b"too many scrapes\n", headers)
+        try:
+            body = self.exposition.get()
+        finally:
+            self.slots.release()
+        start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])
+        return [body]
+
+    def _authorized(self, authorization: str) -> bool:
+        if self.limits.token is None:
+            return True
+        scheme, _, given = authorization.partition(" ")
+        return scheme.lower() == "bearer" and hmac.compare_digest(
+            given.encode(), self.limits.token.encode()
+        )
+
+
+def _plain(
+    start_response: StartResponse,
+    status: str,
+    body: bytes,
+    headers: list[tuple[str, str]] | None = None,
+) -> list[bytes]:
+    start_response(status, [("Content-Type", "text/plain"), *(headers or [])])
+    return [body]
+
+
+class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    daemon_threads = True
+
+
+def _quiet_handler(timeout_s: float) -> type[WSGIRequestHandler]:
+    class Handler(WSGIRequestHandler):
+        timeout = timeout_s  # a client that sends nothing loses its thread after this
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+def serve_metrics(
+    registry: CollectorRegistry, host: str, port: int, limits: ScrapeLimits
+) -> tuple[WSGIServer, threading.Thread]:
+    """Serve ``registry`` on ``host:port`` from a daemon thread."""
+    server = make_server(
+        host,
+        port,
+        MetricsApp(registry, limits),
+        _ThreadingServer,
+        handler_class=_quiet_handler(limits.timeout_s),
+    )
+    thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)
+    thread.start()
+    return server, thread
