@@ -18,10 +18,12 @@ from starlette.exceptions import HTTPException
 
 from gateway.catalog import Catalog
 from gateway.control import ControlLoop
+from gateway.docs_routes import router as docs_router
 from gateway.errors import error_response
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
+from gateway.metrics_server import ScrapeLimits
 from gateway.repository_routes import router as repository_router
 from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
@@ -71,7 +73,8 @@ def create_app(
         if serve_metrics and settings.metrics_port:
             follow = settings.model_control_mode is not ControlMode.NONE
             registry.register(MeshCollector(settings.redis_url, catalog, follow))
-            exporter = MetricsServer(registry, settings.host, settings.metrics_port)
+            limits = ScrapeLimits.of(settings)
+            exporter = MetricsServer(registry, settings.host, settings.metrics_port, limits)
         tasks = TaskSet()
         tasks.spawn(mesh.read_replies(), "reply reader")
         tasks.spawn(control.run(), "model control")
@@ -112,7 +115,17 @@ def create_app(
             await redis.aclose()
             shm.close()
 
-    app = FastAPI(title="Weir gateway", version=__version__, lifespan=lifespan)
+    app = FastAPI(
+        title="Weir gateway",
+        version=__version__,
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    # When a management token is set the API description takes it (gateway.docs_routes).
+    app.state.weir_management_token = settings.management_token is not None
+    app.include_router(docs_router)
     app.include_router(router)
     app.include_router(shared_memory_router)
     app.include_router(repository_router)

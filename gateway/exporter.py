@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from wsgiref.simple_server import WSGIServer
 
 import redis
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import (
     CounterMetricFamily,
     GaugeMetricFamily,
@@ -25,6 +25,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway.metrics_server import ScrapeLimits, serve_metrics
 from weir import names
 from weir.config import Backend
 from weir.control.desired import DesiredState
@@ -146,13 +147,15 @@ def gpu_families(client: redis.Redis) -> list[Metric]:
 
 
 class MetricsServer:
-    """Serves a registry on the metrics port from a background thread."""
+    """Serves a registry on the metrics port from a background thread (bounded, cached)."""
 
-    def __init__(self, registry: CollectorRegistry, host: str, port: int) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, host: str, port: int, limits: ScrapeLimits
+    ) -> None:
         self.server: WSGIServer | None = None
         self.thread: threading.Thread | None = None
         if port:
-            self.server, self.thread = start_http_server(port, host, registry=registry)
+            self.server, self.thread = serve_metrics(registry, host, port, limits)
             logger.info("metrics on http://%s:%d/metrics", host, port)
 
     def close(self) -> None:

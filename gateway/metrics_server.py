@@ -1,9 +1,10 @@
 """The metrics port's server: behind the management token, cheap and bounded under load.
 
 prometheus-client's own server renders every scrape anew in a new thread, with no limit: a
-flood of scrapes held the GIL and slowed inference by seconds. This one renders at most once
-per ``cache_s`` (concurrent scrapes share that render), serves at most ``max_scrapes`` at
-once (503 past it, at once), gives a client ``timeout_s`` to send its request, and, when a
+flood of scrapes held the GIL and slowed inference by seconds. This one renders once for
+all the scrapes that wait on that render (and reuses it for ``cache_s``), serves at most
+``max_scrapes`` at once (503 past it, at once; past twice that many connections a connection
+is closed unanswered), gives a client ``timeout_s`` to send its request, and, when a
 management token is set, asks for it (``Authorization: Bearer``; 401 without).
 """
 
@@ -21,6 +22,8 @@ from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+from weir.settings import GatewaySettings
+
 logger = logging.getLogger(__name__)
 
 StartResponse = Callable[[str, list[tuple[str, str]]], Any]
@@ -31,26 +34,43 @@ class ScrapeLimits:
     """How the metrics port guards itself."""
 
     token: str | None = None
-    cache_s: float = 1.0
+    cache_s: float = 0.0
     max_scrapes: int = 4
     timeout_s: float = 10.0
 
+    @classmethod
+    def of(cls, settings: GatewaySettings) -> ScrapeLimits:
+        token = settings.management_token
+        return cls(
+            None if token is None else token.get_secret_value(),
+            settings.metrics_cache_s,
+            settings.metrics_max_scrapes,
+            settings.header_timeout_s,
+        )
+
 
 class CachedExposition:
-    """The registry's exposition, rendered at most once per ``cache_s``."""
+    """The registry's exposition, rendered once for every scrape that waited on that render.
+
+    A scrape gets a render that began no earlier than ``cache_s`` before it arrived: with 0,
+    never older than the scrape itself, yet a flood of scrapes waiting on one render shares
+    it instead of each rendering again.
+    """
 
     def __init__(self, registry: CollectorRegistry, cache_s: float) -> None:
         self.registry = registry
         self.cache_s = cache_s
         self.lock = threading.Lock()
         self.body = b""
-        self.rendered_at = -float("inf")
+        self.began_at = -float("inf")
 
     def get(self) -> bytes:
-        with self.lock:  # a scrape arriving during a render waits for it and shares it
-            if time.monotonic() - self.rendered_at >= self.cache_s:
+        arrived = time.monotonic()
+        with self.lock:
+            if self.began_at < arrived - self.cache_s:
+                began = time.monotonic()
                 self.body = generate_latest(self.registry)
-                self.rendered_at = time.monotonic()
+                self.began_at = began
             return self.body
 
 
@@ -99,7 +119,30 @@ def _plain(
 
 
 class _ThreadingServer(ThreadingMixIn, WSGIServer):
+    """One thread per connection, up to ``max_threads``.
+
+    Past them a connection is closed at once, before a thread or any parsing costs the
+    gateway's interpreter anything.
+    """
+
     daemon_threads = True
+    max_threads = 8
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.active = threading.BoundedSemaphore(self.max_threads)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        if not self.active.acquire(blocking=False):
+            self.shutdown_request(request)
+            return
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request: Any, client_address: Any) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self.active.release()
 
 
 def _quiet_handler(timeout_s: float) -> type[WSGIRequestHandler]:
@@ -116,11 +159,14 @@ def serve_metrics(
     registry: CollectorRegistry, host: str, port: int, limits: ScrapeLimits
 ) -> tuple[WSGIServer, threading.Thread]:
     """Serve ``registry`` on ``host:port`` from a daemon thread."""
-    server = make_server(
+    server_class = type(
+        "MetricsHttpServer", (_ThreadingServer,), {"max_threads": 2 * limits.max_scrapes}
+    )
+    server: WSGIServer = make_server(
         host,
         port,
         MetricsApp(registry, limits),
-        _ThreadingServer,
+        server_class,
         handler_class=_quiet_handler(limits.timeout_s),
     )
     thread = threading.Thread(target=server.serve_forever, name="metrics", daemon=True)

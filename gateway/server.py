@@ -34,6 +34,7 @@ from gateway.app import create_app
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.fastpath import InferFastPath
 from gateway.http_protocol import HttpLimits, protocol_class
+from gateway.metrics_server import ScrapeLimits
 from gateway.paths import RawPathGuard
 from gateway.torchserve.ports import ManagementPort
 from weir.control.mode import ControlMode
@@ -192,4 +193,4 @@ def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
             follow=settings.model_control_mode is not ControlMode.NONE,
         )
     )
-    return MetricsServer(registry, settings.host, settings.metrics_port)
+    return MetricsServer(registry, settings.host, settings.metrics_port, ScrapeLimits.of(settings))

@@ -118,6 +118,15 @@ class GatewaySettings(ServiceSettings):
         description="most HTTP connections one gateway process holds, 503 past it (0: three "
         "quarters of its descriptor limit)",
     )
+    metrics_cache_s: float = Field(
+        0.0,
+        ge=0,
+        description="a metrics scrape reuses a render begun up to this long before it arrived "
+        "(0: only the one it waited on)",
+    )
+    metrics_max_scrapes: int = Field(
+        4, gt=0, description="metrics scrapes served at once (503 past it)"
+    )
     grpc_max_concurrent_streams: int = Field(
         1000, gt=0, description="most calls at once on one gRPC connection"
     )
