@@ -2,14 +2,15 @@
 
 Each problem is a 400 that names the tensor and what is wrong with it: an unknown or
 missing input, a wrong datatype, a wrong rank or dimension, a batch over
-``max_batch_size``, inputs that disagree on the batch size, an unknown output.
+``max_batch_size``, inputs that disagree on the batch size, an unknown output. Inputs over
+the model's ``max_input_bytes`` parameter are a 413.
 """
 
 from __future__ import annotations
 
 from gateway.codec import InferBody
 from weir.config import ModelConfig, TensorSpec
-from weir.errors import InvalidInput
+from weir.errors import BodyTooLarge, InvalidInput
 from weir.tensors import Tensor
 
 
@@ -24,7 +25,18 @@ def check_request(config: ModelConfig, body: InferBody) -> int:
     if len(batch_sizes) > 1:
         sizes = ", ".join(str(s) for s in sorted(batch_sizes))
         raise InvalidInput(f"inputs of model '{config.name}' disagree on the batch size ({sizes})")
+    _check_input_bytes(config, body)
     return batch_sizes.pop() if batch_sizes else 1
+
+
+def _check_input_bytes(config: ModelConfig, body: InferBody) -> None:
+    limit = config.max_input_bytes
+    size = sum(len(tensor.data) for tensor in body.inputs.values()) if limit else 0
+    if limit and size > limit:
+        raise BodyTooLarge(
+            f"the inputs of model '{config.name}' hold {size} bytes, over its "
+            f"max_input_bytes parameter ({limit})"
+        )
 
 
 def precheck_input(config: ModelConfig, name: str, datatype: str, shape: tuple[int, ...]) -> None:

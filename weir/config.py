@@ -24,6 +24,10 @@ from weir.errors import ConfigError
 
 logger = logging.getLogger(__name__)
 
+# A model's parameter: the most bytes of input one request may carry (413 past it), so one
+# huge request cannot hold an instance that others wait for.
+MAX_INPUT_BYTES = "max_input_bytes"
+
 # Triton fields that a config may carry and Weir does not act on yet: loaded with a warning.
 IGNORED_TRITON_FIELDS = frozenset(
     {
@@ -288,8 +292,15 @@ class ModelConfig(_Strict):
     def _plain_filename(cls, value: str) -> str:
         return plain_filename(value, "the version directory")
 
+    @property
+    def max_input_bytes(self) -> int | None:
+        """Weir's ``max_input_bytes`` parameter: the most input bytes one request may carry."""
+        raw = self.parameters.get(MAX_INPUT_BYTES)
+        return None if raw is None else int(raw)
+
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
+        _check_max_input_bytes(self.parameters.get(MAX_INPUT_BYTES))
         _unique_names("input", self.input)
         _unique_names("output", self.output)
         check_ensemble_fields(self)
@@ -333,6 +344,11 @@ def _pick_backend(raw: dict[str, Any]) -> None:
     if resolved is None:
         raise ValueError(f"unknown backend {name!r}; expected one of {sorted(BACKEND_ALIASES)}")
     raw["backend"] = resolved
+
+
+def _check_max_input_bytes(raw: str | None) -> None:
+    if raw is not None and not (raw.strip().isdigit() and int(raw) > 0):
+        raise ValueError(f"parameter {MAX_INPUT_BYTES} must be a whole number of bytes > 0")
 
 
 def flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:

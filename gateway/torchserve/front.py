@@ -13,6 +13,7 @@ from collections.abc import Coroutine
 from typing import Any
 
 from weir.errors import NotFound
+from weir.repository import shown
 from weir.torchserve.store import ModelStore, StoreError
 
 logger = logging.getLogger(__name__)
@@ -43,7 +44,7 @@ class TorchServeFront:
             try:
                 found = self.store.version_for(model, version)
             except StoreError as exc:
-                raise NotFound(str(exc)) from None
+                raise NotFound(shown(str(exc))) from None
             self._versions[(model, version)] = found
         return found
 

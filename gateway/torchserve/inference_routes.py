@@ -22,7 +22,7 @@ from gateway.torchserve.responses import status_response, weir_error_response
 from weir import datatypes
 from weir.config import Backend
 from weir.errors import BodyTooLarge, NotFound, Unavailable, WeirError
-from weir.repository import ModelEntry
+from weir.repository import ModelEntry, shown
 from weir.tensors import Tensor
 from weir.torchserve import envelope
 from weir.wire import InferReply
@@ -96,12 +96,14 @@ def resolve(state: GatewayState, model: str, version: str | None) -> tuple[Model
         entry, weir_version = state.repository.resolve(model, weir_version)
     except NotFound:
         if version is None or model not in state.repository.models:
-            raise NotFound(f"Model not found: {model}") from None
-        raise NotFound(f"Model version: {version} does not exist for model: {model}") from None
+            raise NotFound(f"Model not found: {shown(model)}") from None
+        raise NotFound(
+            f"Model version: {shown(version)} does not exist for model: {shown(model)}"
+        ) from None
     if entry.config.backend is not Backend.TORCHSERVE:
         raise NotFound(
-            f"Model not found: {model} (it is no TorchServe archive: ask it through "
-            f"/v2/models/{model}/infer)"
+            f"Model not found: {shown(model)} (it is no TorchServe archive: ask it through "
+            f"/v2/models/{shown(model)}/infer)"
         )
     return entry, weir_version
 

@@ -438,3 +438,10 @@ def test_an_unknown_name_is_echoed_cut_short(tmp_path: Path) -> None:
     with pytest.raises(NotFound) as info:
         repository.resolve("m", "9" * 100_000)
     assert len(info.value.message) < 200
+
+
+def test_max_input_bytes_is_read_and_must_be_a_positive_byte_count(tmp_path: Path) -> None:
+    assert load(tmp_path, valid_raw(parameters={"max_input_bytes": "4096"})).max_input_bytes == 4096
+    assert load(tmp_path, valid_raw(), name="plain").max_input_bytes is None
+    message, _ = config_error(tmp_path, valid_raw(parameters={"max_input_bytes": "-1"}), "bad")
+    assert "max_input_bytes must be a whole number of bytes > 0" in message
