@@ -45,6 +45,7 @@ class MeshClient:
         self.gateway_id = uuid.uuid4().hex[:16]
         self.reply_stream = names.reply_stream(self.gateway_id)
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
+        self.inflight_bytes = 0  # the input bytes of the requests in self.waiting
         # The hot path's own connections: one shared by admissions, one for the blocking
         # reply reads (see weir.link).
         check_open = settings.model_control_mode is not ControlMode.NONE
@@ -60,11 +61,14 @@ class MeshClient:
         self, entry: ModelEntry, version: str, body: InferBody, batch: int
     ) -> InferReply:
         """Queue one request and wait for its reply, at most until its deadline."""
+        size = sum(len(tensor.data) for tensor in body.inputs.values())
+        self._check_budget(size)
         timeout_s = self._timeout_s(entry, body)
         level = _priority_level(entry, body)
         request = self._request(entry, version, body, timeout_s)
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         self.waiting[request.id] = future
+        self.inflight_bytes += size
         try:
             # The deadline covers queueing too: a Redis that stops answering cannot hold a
             # request past it.
@@ -81,6 +85,23 @@ class MeshClient:
             ) from None
         finally:
             self.waiting.pop(request.id, None)
+            self.inflight_bytes -= size
+
+    def _check_budget(self, size: int) -> None:
+        """503 past the gateway's in-flight budget (a request alone is always taken)."""
+        settings = self.settings
+        if len(self.waiting) >= settings.max_inflight_requests:
+            raise Unavailable(
+                f"the gateway has {len(self.waiting)} requests in flight, its most "
+                "(WEIR_GATEWAY_MAX_INFLIGHT_REQUESTS); retry later",
+                settings.retry_after_s,
+            )
+        if self.inflight_bytes and self.inflight_bytes + size > settings.max_inflight_bytes:
+            raise Unavailable(
+                f"the gateway holds {self.inflight_bytes} bytes of requests in flight; "
+                f"{size} more would pass its most (WEIR_GATEWAY_MAX_INFLIGHT_BYTES); retry later",
+                settings.retry_after_s,
+            )
 
     async def _start_route(
         self, entry: ModelEntry, version: str, request: InferRequest, body: InferBody

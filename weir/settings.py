@@ -139,6 +139,14 @@ class GatewaySettings(ServiceSettings):
         description="how often the gateway pings a gRPC client, so a dead peer's connection "
         "is found and closed (20 s to answer)",
     )
+    max_inflight_requests: int = Field(
+        8192, gt=0, description="requests one gateway process waits on at once, 503 past it"
+    )
+    max_inflight_bytes: int = Field(
+        1024**3,
+        gt=0,
+        description="input bytes of the requests one gateway process waits on, 503 past it",
+    )
     response_limit_bytes: int = Field(
         256 * 1024 * 1024,
         gt=0,

@@ -1,0 +1,66 @@
+"""The gateway's in-flight budget: past its requests or bytes, 503 with Retry-After at once,
+and what it already holds is answered once the mesh catches up."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from redis.asyncio import Redis
+
+from tests.conftest import Mesh, private_mesh
+from weir import names
+
+ROW = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
+
+
+async def hold_then_overflow(mesh: Mesh, held: int) -> tuple[httpx.Response, list[int]]:
+    """``held`` requests wait on a stopped worker; one more is sent; the worker resumes."""
+    url = f"{mesh.url}/v2/models/tiny_mlp/infer"
+    worker = mesh.processes["worker"]
+    async with httpx.AsyncClient(timeout=60) as client:
+        worker.send_signal(signal.SIGSTOP)
+        try:
+            waiting = [asyncio.ensure_future(client.post(url, json=ROW)) for _ in range(held)]
+            await queued(mesh, held)  # the held requests are in the mesh before the next
+            extra = await client.post(url, json=ROW)
+        finally:
+            worker.send_signal(signal.SIGCONT)
+        answered = await asyncio.gather(*waiting)
+    return extra, [r.status_code for r in answered]
+
+
+async def queued(mesh: Mesh, count: int, timeout_s: float = 10.0) -> None:
+    """Wait until ``count`` tiny_mlp requests were admitted (the queued counter says so)."""
+    redis = Redis.from_url(mesh.redis_url)
+    deadline = time.monotonic() + timeout_s
+    try:
+        while int(await redis.get(names.queued_counter("tiny_mlp", "1")) or 0) < count:
+            if time.monotonic() > deadline:
+                pytest.fail(f"timed out waiting for {count} queued requests")
+            await asyncio.sleep(0.02)
+    finally:
+        await redis.aclose()
+
+
+@pytest.mark.parametrize(
+    ("env", "held", "words"),
+    [
+        ({"WEIR_GATEWAY_MAX_INFLIGHT_REQUESTS": "3"}, 3, "3 requests in flight"),
+        ({"WEIR_GATEWAY_MAX_INFLIGHT_BYTES": "600"}, 2, "512 bytes of requests in flight"),
+    ],
+    ids=["requests", "bytes"],
+)
+def test_past_the_budget_a_request_gets_503_and_the_held_ones_are_answered(
+    example_repository: Path, env: dict[str, str], held: int, words: str
+) -> None:
+    with private_mesh(example_repository, env) as mesh:
+        extra, statuses = asyncio.run(hold_then_overflow(mesh, held))
+    assert extra.status_code == 503
+    assert extra.headers["retry-after"] == "1"
+    assert words in extra.json()["error"]
+    assert statuses == [200] * held
