@@ -33,8 +33,8 @@ from weir.config import (
     ModelConfig,
     TensorSpec,
     VersionPolicy,
-    flatten_parameters,
 )
+from weir.config_parameters import flatten_parameters
 from weir.errors import ConfigError
 from weir.onnx_file import read_onnx_signature
 from weir.openvino_file import read_openvino_signature

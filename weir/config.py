@@ -19,14 +19,11 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from weir import datatypes
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
+from weir.config_parameters import MAX_INPUT_BYTES, check_max_input_bytes, flatten_parameters
 from weir.config_warmup import ModelWarmup, check_warmup_fields
 from weir.errors import ConfigError
 
 logger = logging.getLogger(__name__)
-
-# A model's parameter: the most bytes of input one request may carry (413 past it), so one
-# huge request cannot hold an instance that others wait for.
-MAX_INPUT_BYTES = "max_input_bytes"
 
 # Triton fields that a config may carry and Weir does not act on yet: loaded with a warning.
 IGNORED_TRITON_FIELDS = frozenset(
@@ -300,7 +297,7 @@ class ModelConfig(_Strict):
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
-        _check_max_input_bytes(self.parameters.get(MAX_INPUT_BYTES))
+        check_max_input_bytes(self.parameters.get(MAX_INPUT_BYTES))
         _unique_names("input", self.input)
         _unique_names("output", self.output)
         check_ensemble_fields(self)
@@ -344,24 +341,6 @@ def _pick_backend(raw: dict[str, Any]) -> None:
     if resolved is None:
         raise ValueError(f"unknown backend {name!r}; expected one of {sorted(BACKEND_ALIASES)}")
     raw["backend"] = resolved
-
-
-def _check_max_input_bytes(raw: str | None) -> None:
-    if raw is not None and not (raw.strip().isdigit() and int(raw) > 0):
-        raise ValueError(f"parameter {MAX_INPUT_BYTES} must be a whole number of bytes > 0")
-
-
-def flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
-    """Parameters as plain strings, from Triton's ``{key: {string_value: ...}}`` or plain."""
-    # Triton writes parameters as {key: {string_value: "..."}}; plain values are accepted too.
-    if not isinstance(raw, dict):
-        raise ValueError("parameters must be a mapping of names to values")
-    flat: dict[str, str] = {}
-    for key, value in raw.items():
-        if isinstance(value, dict) and "string_value" in value:
-            value = value["string_value"]
-        flat[str(key)] = str(value)
-    return flat
 
 
 def _unique_names(field: str, specs: tuple[TensorSpec, ...]) -> None:

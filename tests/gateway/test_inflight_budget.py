@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import time
 from pathlib import Path
 
 import httpx
 import pytest
-from redis.asyncio import Redis
+from redis import Redis
 
-from tests.conftest import Mesh, private_mesh
+from tests.conftest import Mesh, private_mesh, wait_until
 from weir import names
 
 ROW = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
@@ -26,7 +25,7 @@ async def hold_then_overflow(mesh: Mesh, held: int) -> tuple[httpx.Response, lis
         worker.send_signal(signal.SIGSTOP)
         try:
             waiting = [asyncio.ensure_future(client.post(url, json=ROW)) for _ in range(held)]
-            await queued(mesh, held)  # the held requests are in the mesh before the next
+            await asyncio.to_thread(queued, mesh, held)  # in the mesh before the next
             extra = await client.post(url, json=ROW)
         finally:
             worker.send_signal(signal.SIGCONT)
@@ -34,17 +33,14 @@ async def hold_then_overflow(mesh: Mesh, held: int) -> tuple[httpx.Response, lis
     return extra, [r.status_code for r in answered]
 
 
-async def queued(mesh: Mesh, count: int, timeout_s: float = 10.0) -> None:
+def queued(mesh: Mesh, count: int) -> None:
     """Wait until ``count`` tiny_mlp requests were admitted (the queued counter says so)."""
     redis = Redis.from_url(mesh.redis_url)
-    deadline = time.monotonic() + timeout_s
+    key = names.queued_counter("tiny_mlp", "1")
     try:
-        while int(await redis.get(names.queued_counter("tiny_mlp", "1")) or 0) < count:
-            if time.monotonic() > deadline:
-                pytest.fail(f"timed out waiting for {count} queued requests")
-            await asyncio.sleep(0.02)
+        wait_until(lambda: int(redis.get(key) or 0) >= count, 10, f"{count} queued requests")
     finally:
-        await redis.aclose()
+        redis.close()
 
 
 @pytest.mark.parametrize(
