@@ -91,7 +91,7 @@ def resolve(state: GatewayState, model: str, version: str | None) -> tuple[Model
     """
     weir_version = state.torchserve.weir_version(model, version)
     if model not in state.repository.models and state.torchserve.registered(model):
-        raise Unavailable(_NO_WORKER.format(model=model))
+        raise Unavailable(_NO_WORKER.format(model=shown(model)))
     try:
         entry, weir_version = state.repository.resolve(model, weir_version)
     except NotFound:
@@ -116,7 +116,7 @@ async def _check_served(state: GatewayState, entry: ModelEntry, version: str) ->
         return
     # The control loop's view may be a refresh old: ask the workers' heartbeats themselves.
     if (entry.name, version) not in await served_now(state):
-        raise Unavailable(_NO_WORKER.format(model=entry.name))
+        raise Unavailable(_NO_WORKER.format(model=shown(entry.name)))
 
 
 def _wanted() -> list[RequestedOutput]:

@@ -19,6 +19,7 @@ from fastapi import APIRouter, Request, Response
 
 from gateway import model_control
 from gateway.auth import Scope, check_token
+from gateway.inference import read_body
 from gateway.state import GatewayState, gateway_state
 from gateway.torchserve.ports import PREFIX
 from gateway.torchserve.responses import JSON, error_response, status_response, weir_error_response
@@ -55,7 +56,7 @@ async def list_models(request: Request) -> Response:
 @router.post("/models")
 async def register(request: Request) -> Response:
     async def answer(state: GatewayState, store: ModelStore) -> Response:
-        query = await _register_query(request)
+        query = await _register_query(request, state.settings.body_limit_bytes)
         if not query.get("url"):
             raise InvalidInput("Parameter url is required.")
         workers = _opt_int(query, "initial_workers")
@@ -192,12 +193,12 @@ async def _unload(state: GatewayState, model: str) -> None:
         await model_control.unload(state, model, {})
 
 
-async def _register_query(request: Request) -> dict[str, Any]:
+async def _register_query(request: Request, limit_bytes: int) -> dict[str, Any]:
     """The registration's parameters: the query string, or a JSON body as TorchServe takes."""
     query: dict[str, Any] = dict(request.query_params)
     if request.headers.get("content-type", "").split(";")[0].strip() == JSON:
         try:
-            body = orjson.loads(await request.body() or b"{}")
+            body = orjson.loads(await read_body(request, limit_bytes) or b"{}")
         except orjson.JSONDecodeError as exc:
             raise InvalidInput(f"malformed JSON body: {exc}") from None
         if not isinstance(body, dict):
