@@ -4,7 +4,9 @@ Credits are free worker instances: each worker announces its instances when it s
 one more each time it finishes a batch; the lane spends one per batch it sends. While the
 lane holds credits it sends what is queued at once (work-conserving); without, it follows
 Triton's rule. Each send is one transaction: the batch, the error replies for requests whose
-deadline passed in the queue, and the acks of everything they consumed.
+deadline passed in the queue, and the acks of everything they consumed. Requests whose
+client left (:mod:`weir.cancels`) are dropped unbatched: acked and counted as failures,
+with no reply, since nobody waits for one.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import asyncio
 import itertools
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import replace
 
 from redis.exceptions import RedisError
 
@@ -41,6 +45,7 @@ class BatcherLane:
         version: str,
         work_conserving: bool = True,
         busy_hold_s: float = 1.0,
+        is_canceled: Callable[[str], bool] | None = None,
     ) -> None:
         self.link = link  # shared by the lanes: their transactions never block
         self.group = group
@@ -52,6 +57,7 @@ class BatcherLane:
         self.credit_stream = names.credit_stream(entry.name, version)
         self.queued_key = names.queued_counter(entry.name, version)
         self.stats_key = names.model_stats(entry.name, version)
+        self.cancel_stream = names.cancel_stream(entry.name, version)
         self.queue = _queue_for(entry)
         self.batches = entry.config.max_batch_size > 0
         self.credits = 0
@@ -60,21 +66,31 @@ class BatcherLane:
         self.work_conserving = work_conserving
         self.busy_hold_s = busy_hold_s
         self.wake = asyncio.Event()
+        self.is_canceled = is_canceled or _never
+        self.dropped: list[Queued] = []  # cancelled: to ack with the next send
+        self.recheck = False  # a cancel notice came: look through the queue
+
+    def noticed(self) -> None:
+        """A cancel notice for this lane came: drop what it names at the next turn."""
+        self.recheck = True
+        self.wake.set()
 
     def add(self, entry: Entry, now_s: float) -> None:
         fields = entry.fields
-        self.queue.add(
-            Queued(
-                entry.id,
-                int(fields.get(wire.BATCH_SIZE, b"1")) if self.batches else 1,
-                fields[wire.PAYLOAD],
-                now_s,
-                int(fields.get(wire.DEADLINE, b"0")),
-                int(fields.get(wire.PRIORITY, b"0")),
-                fields.get(wire.REQUEST_ID, b"").decode(),
-                fields.get(wire.REPLY_TO, b"").decode(),
-            )
+        item = Queued(
+            entry.id,
+            int(fields.get(wire.BATCH_SIZE, b"1")) if self.batches else 1,
+            fields[wire.PAYLOAD],
+            now_s,
+            int(fields.get(wire.DEADLINE, b"0")),
+            int(fields.get(wire.PRIORITY, b"0")),
+            fields.get(wire.REQUEST_ID, b"").decode(),
+            fields.get(wire.REPLY_TO, b"").decode(),
         )
+        if self.is_canceled(item.request_id):  # its notice came first
+            self.dropped.append(item)
+        else:
+            self.queue.add(item)
         self.wake.set()
 
     def adopt_credits(self, old: BatcherLane) -> None:
@@ -109,7 +125,8 @@ class BatcherLane:
     def held(self) -> set[bytes]:
         """Every entry this lane has read and not yet acked."""
         queued = (item.entry_id for level in self.queue.levels for item in level)
-        return {*queued, *self.credit_ids, *self.sending}
+        dropped = (item.entry_id for item in self.dropped)
+        return {*queued, *dropped, *self.credit_ids, *self.sending}
 
     def resync_credits(self, instances: int, workers_idle: bool) -> None:
         """Bring the credits back in line with the live instances.
@@ -128,12 +145,13 @@ class BatcherLane:
         """Send batches as the rule lets them leave, until told to exit and empty."""
         wake_at: float | None = None
         sent = False
-        while not (should_exit.is_set() and not self.queue):
+        while not (should_exit.is_set() and not self.queue and not self.dropped):
             if not sent:  # after a batch, look again at once: more may be ready
                 await self._wait(should_exit, wake_at)
             # Cleared before the state is read: whatever arrives from here on wakes us again.
             self.wake.clear()
             expired = self.queue.drop_expired(time.time() * 1000)
+            expired.extend(self._take_dropped())
             if should_exit.is_set():
                 # Leaving: what is queued goes now rather than waiting for anything.
                 wake_at, batch = None, self.queue.take(float("inf"))
@@ -143,6 +161,14 @@ class BatcherLane:
             if batch or expired or len(self.credit_ids) >= MAX_UNACKED_CREDITS:
                 await self._send(batch, expired)
             sent = bool(batch)
+
+    def _take_dropped(self) -> list[Queued]:
+        """The requests whose client left, out of the queue (marked: no reply to send)."""
+        if self.recheck:
+            self.recheck = False
+            self.dropped.extend(self.queue.remove_if(lambda q: self.is_canceled(q.request_id)))
+        dropped, self.dropped = self.dropped, []
+        return [replace(item, reply_to="") for item in dropped]
 
     async def _wait(self, should_exit: asyncio.Event, wake_at: float | None) -> None:
         timeout = None if wake_at is None else max(wake_at - time.monotonic(), 0.0)
@@ -165,9 +191,9 @@ class BatcherLane:
         if batch:
             payload = wire.encode_batch([q.payload for q in batch])
             commands.append(("XADD", self.batch_stream, "*", wire.PAYLOAD, payload))
-        replies = [(item.reply_to, self._expired_reply(item)) for item in expired]
+        replies = [(q.reply_to, self._expired_reply(q)) for q in expired if q.reply_to]
         for stream, fields in wire.reply_entries(replies).items():
-            commands.append(("XADD", stream, "*", *itertools.chain(*fields.items())))
+            commands.append(("XADD", stream, "NOMKSTREAM", "*", *itertools.chain(*fields.items())))
         if expired:
             commands.append(("DECRBY", self.queued_key, len(expired)))
             commands.extend(self._count_failed(expired))
@@ -206,6 +232,10 @@ class BatcherLane:
             item.request_id, self.model, self.version, error=(error.kind, error.message)
         )
         return reply.encode()
+
+
+def _never(_: str) -> bool:
+    return False
 
 
 def _queue_for(entry: ModelEntry) -> BatchQueue:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import itertools
 import math
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from itertools import accumulate
 
@@ -99,6 +99,17 @@ class BatchQueue:
             self.levels[i] = keep
         self._count -= len(expired)
         return expired
+
+    def remove_if(self, doomed: Callable[[Queued], bool]) -> list[Queued]:
+        """Remove and return every request ``doomed`` says goes (its client left, say)."""
+        removed: list[Queued] = []
+        for i, level in enumerate(self.levels):
+            if not any(doomed(item) for item in level):
+                continue
+            removed.extend(item for item in level if doomed(item))
+            self.levels[i] = deque(item for item in level if not doomed(item))
+        self._count -= len(removed)
+        return removed
 
     def take(self, now_s: float, eager: bool = False, full_only: bool = False) -> list[Queued]:
         """The batch that should leave now, removed from the queue; empty if none should.

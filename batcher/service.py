@@ -23,6 +23,7 @@ from redis.exceptions import RedisError
 
 from batcher.lane import BatcherLane
 from weir import names
+from weir.cancels import CancelWatch
 from weir.connection import connect
 from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
@@ -70,6 +71,9 @@ class Batcher(Service):
         self.trimmer = Trimmer(self.redis, names.BATCHER_GROUP, [])
         self.follower = Follower(DesiredStore(self.redis), settings.control_refresh_s, self._follow)
         self.tasks = TaskSet()
+        self.cancels = CancelWatch(
+            settings.redis_url, settings.redis_timeout_s, settings.block_ms, self._noticed
+        )
 
     async def startup(self) -> None:
         if self.settings.model_control_mode is ControlMode.NONE:
@@ -111,7 +115,17 @@ class Batcher(Service):
         for stream in wanted:
             lane = self.lanes[stream]
             self.retirement.forget(lane.model, lane.version)
+        self._watch()
+
+    def _watch(self) -> None:
+        """Trim and watch for cancel notices the streams of the lanes there are now."""
         self.trimmer.streams = list(self.routes)
+        self.cancels.watch([lane.cancel_stream for lane in self.lanes.values()])
+
+    def _noticed(self, stream: str, _: list[str]) -> None:
+        for lane in self.lanes.values():
+            if lane.cancel_stream == stream:
+                lane.noticed()
 
     async def _add_lane(self, entry: ModelEntry, version: str, old: BatcherLane | None) -> None:
         lane = BatcherLane(
@@ -121,6 +135,7 @@ class Batcher(Service):
             version,
             self.settings.work_conserving,
             self.settings.busy_hold_s,
+            self.cancels.is_canceled,
         )
         await self.group.ensure([lane.request_stream, lane.credit_stream])
         if old is not None:
@@ -158,11 +173,12 @@ class Batcher(Service):
                 self.routes.pop(lane.credit_stream, None)
                 self.retirement.forget(lane.model, lane.version)
                 self._stop_lane(lane)
-        self.trimmer.streams = list(self.routes)
+        self._watch()
 
     async def run(self) -> None:
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
         if self.settings.model_control_mode is not ControlMode.NONE:
             self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")
         await self._read_until_exit()
@@ -250,6 +266,7 @@ class Batcher(Service):
         await self.heartbeat.stop()
         await self.read_link.close()
         await self.send_link.close()
+        await self.cancels.close()
         await self.redis.aclose()
 
 

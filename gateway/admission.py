@@ -11,13 +11,21 @@ to Redis waits for the next one, and a flush is one round trip for all of them (
 call per model and version, pipelined). At concurrency 1 a request goes out at once, alone;
 under load a gateway pays the per-command cost once per flush, not per request. Flushes go
 over the gateway's own hot-path connection (:class:`~weir.link.Link`).
+
+Redis runs under ``maxmemory-policy noeviction``: past ``maxmemory`` it refuses every write,
+and every command of a MULTI (XACK and DECRBY too), which is how the batcher and the workers
+answer requests. A Redis filled to its limit would answer nothing more, so admission stops
+short of it (:class:`MemoryGauge`) and what was accepted has the rest to be answered in.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
+import time
 from collections import defaultdict
 from dataclasses import dataclass
+from typing import Any
 
 from redis.exceptions import RedisError
 
@@ -53,7 +61,9 @@ return results
 """
 
 
-ADMITTED, FULL, CLOSED = 1, 0, -1
+ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
+# Redis's used memory is read at most this often: INFO costs Redis more than an admission.
+MEMORY_SAMPLE_S = 0.1
 
 
 @dataclass(slots=True)
@@ -66,28 +76,78 @@ class _Entry:
 _Queues = defaultdict[tuple[str, str], list[_Entry]]
 
 
+class MemoryGauge:
+    """Redis's used memory against the share of its ``maxmemory`` admission may fill.
+
+    ``INFO memory`` is read at most every :data:`MEMORY_SAMPLE_S`, riding on a flush (no
+    round trip of its own while requests flow); between reads the bytes this gateway queued
+    are added, so a burst is counted before the next read sees it.
+    """
+
+    def __init__(self, fraction: float) -> None:
+        self.fraction = fraction  # 0: no limit of the gateway's own
+        self.used_bytes = 0
+        self.max_bytes = 0  # Redis's maxmemory; 0: none
+        self.limit_bytes = 0  # fraction of max_bytes; 0: admit
+        self._sampled_s = -math.inf
+
+    def admits(self, size: int) -> bool:
+        return not self.limit_bytes or self.used_bytes + size <= self.limit_bytes
+
+    def claim(self) -> bool:
+        """True when a read is due; the caller then sends one and hands it to ``update``."""
+        now_s = time.monotonic()
+        if not self.fraction or now_s - self._sampled_s < MEMORY_SAMPLE_S:
+            return False
+        self._sampled_s = now_s  # claimed: requests arriving meanwhile send no read of their own
+        return True
+
+    def update(self, info: Any) -> None:
+        if not isinstance(info, bytes):  # INFO refused (an ACL): Redis's own limit holds
+            self.limit_bytes = 0
+            return
+        self.used_bytes = _info_int(info, b"used_memory")
+        self.max_bytes = _info_int(info, b"maxmemory")
+        # At least a byte: a maxmemory so small the share rounds to 0 still refuses.
+        self.limit_bytes = max(int(self.max_bytes * self.fraction), 1) if self.max_bytes else 0
+
+
+def _info_int(info: bytes, field: bytes) -> int:
+    """One integer field of an INFO reply (``name:value`` lines); 0 when it is missing."""
+    start = info.find(b"\n" + field + b":")
+    if start < 0:
+        return 0
+    start += len(field) + 2
+    return int(info[start : info.index(b"\r", start)])
+
+
 class Admission:
     """Queues requests on their model's stream, bounded by the model's queue policy."""
 
-    def __init__(self, link: Link, check_open: bool = False) -> None:
+    def __init__(self, link: Link, check_open: bool = False, memory_fraction: float = 0.8) -> None:
         # EVAL, not EVALSHA: no NOSCRIPT to recover from after a Redis restart, and Redis
         # caches the compiled script by its hash anyway.
         self.link = link
         self.check_open = check_open  # a model control mode: versions open and close
+        self.memory = MemoryGauge(memory_fraction)
         self._next: _Queues = defaultdict(list)
         self._flushing: asyncio.Task[None] | None = None
 
     async def enqueue(
         self, model: str, version: str, fields: dict[bytes, bytes], max_queue_size: int
     ) -> int:
-        """Queue the entry: ADMITTED, or FULL, or CLOSED (the version admits nothing).
+        """Queue the entry: ADMITTED, FULL, CLOSED (the version admits nothing) or NO_MEMORY.
 
         FULL: the queue already holds ``max_queue_size`` requests; CLOSED happens in the
-        model control modes only.
+        model control modes only; NO_MEMORY: Redis holds the share of its maxmemory that
+        admission may fill (see :class:`MemoryGauge`).
 
         RedisError when the flush that carried it failed: the entry may or may not have
         been added (Redis ran the scripts before the connection broke, or not).
         """
+        size = sum(map(len, fields.values()))
+        if not await self._memory_admits(size):
+            return NO_MEMORY
         args: list[Arg] = [max_queue_size, 2 * len(fields)]
         for key, value in fields.items():
             args.extend((key, value))
@@ -95,7 +155,21 @@ class Admission:
         self._next[(model, version)].append(_Entry(args, admitted))
         if self._flushing is None:
             self._flushing = asyncio.create_task(self._flush_all(), name="admission flush")
-        return await admitted
+        queued = await admitted
+        if queued == ADMITTED:
+            self.memory.used_bytes += size
+        return queued
+
+    async def _memory_admits(self, size: int) -> bool:
+        memory = self.memory
+        if memory.admits(size):
+            return True
+        # Refusing sends no flush, so no read would ride on one: read on its own, once due.
+        if not memory.claim():
+            return False
+        (info,) = await self.link.call(("INFO", "memory"))
+        memory.update(info)
+        return memory.admits(size)
 
     async def _flush_all(self) -> None:
         # Started by the first request of a flush; runs until nothing is left to send.
@@ -119,6 +193,9 @@ class Admission:
             check = version if self.check_open else ""
             args = (a for e in entries for a in e.args)
             commands.append(("EVAL", _ADMIT, 3, *keys, check, *args))
+        sample = self.memory.claim()
+        if sample:
+            commands.append(("INFO", "memory"))
         try:
             results = await self.link.call(*commands)
         except RedisError as exc:
@@ -129,13 +206,22 @@ class Admission:
             for _, entries in queues:
                 _fail(entries, RedisError(f"admission was interrupted: {exc!r}"))
             raise
-        for (_, entries), result in zip(queues, results, strict=True):
-            if isinstance(result, RedisError):
-                _fail(entries, result)
-                continue
-            for entry, queued in zip(entries, result, strict=True):
-                if not entry.admitted.done():
-                    entry.admitted.set_result(int(queued))
+        if sample:
+            # Read after this flush's scripts: its entries are counted in it and again as
+            # each enqueue returns, until the next read (erring towards refusing).
+            self.memory.update(results.pop())
+        _settle(queues, results)
+
+
+def _settle(queues: list[tuple[tuple[str, str], list[_Entry]]], results: list[Any]) -> None:
+    """Hand each entry its script's answer, or its script's error (OOM past maxmemory)."""
+    for (_, entries), result in zip(queues, results, strict=True):
+        if isinstance(result, RedisError):
+            _fail(entries, result)
+            continue
+        for entry, queued in zip(entries, result, strict=True):
+            if not entry.admitted.done():
+                entry.admitted.set_result(int(queued))
 
 
 def _fail(entries: list[_Entry], error: RedisError) -> None:

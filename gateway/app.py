@@ -24,6 +24,7 @@ from gateway.exporter import MeshCollector, MetricsServer
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.metrics_server import ScrapeLimits
+from gateway.reply_streams import ReplyStreams
 from gateway.repository_routes import router as repository_router
 from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
@@ -67,6 +68,8 @@ def create_app(
         control = ControlLoop(settings, redis, catalog)
         await control.start()
         mesh = MeshClient(redis, settings, catalog)
+        reply_streams = ReplyStreams(redis, mesh.gateway_id, settings.heartbeat_ttl_s)
+        await reply_streams.start()
         registry = CollectorRegistry()
         metrics = RequestMetrics(registry)
         exporter = None
@@ -77,6 +80,7 @@ def create_app(
             exporter = MetricsServer(registry, settings.host, settings.metrics_port, limits)
         tasks = TaskSet()
         tasks.spawn(mesh.read_replies(), "reply reader")
+        tasks.spawn(reply_streams.run(), "reply streams")
         tasks.spawn(control.run(), "model control")
         logger.info("gateway %s serving %d models", mesh.gateway_id, len(catalog.models))
         if settings.inference_token is None:
@@ -110,8 +114,10 @@ def create_app(
                 exporter.close()
             await front.close()
             control.stop()
+            # Tasks first: the reply-streams task would make the stream close() deletes again.
             await tasks.cancel_all(settings.shutdown_grace_s)
             await mesh.close()
+            await reply_streams.stop()
             await redis.aclose()
             shm.close()
 

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import orjson
 
-from gateway import json_text
+from gateway import json_bounds, json_text
+from gateway.json_bounds import JsonBudget
 from gateway.shared_memory import SharedMemoryRegistry, TensorRef, input_tensor
 from weir import datatypes
 from weir.errors import InvalidInput
@@ -77,14 +78,17 @@ def parse_infer_body(
     precheck: Precheck | None = None,
     shm: SharedMemoryRegistry | None = None,
     model: str = "",
+    bounds: JsonBudget | None = None,
 ) -> InferBody:
     """Parse a JSON or JSON+binary infer body; every problem is an InvalidInput.
 
     ``precheck`` runs on each input's name, datatype and shape before its data is decoded,
     so a tensor the model would refuse is never built. Tensors in shared memory are found in
-    ``shm`` (none is refused without it).
+    ``shm`` (none is refused without it). JSON past ``bounds`` is refused before it is parsed.
     """
     json_part, binary = _split_body(body, header_length)
+    if bounds is not None:
+        json_bounds.check(json_part, bounds)
     header = json_text.load_object(json_part)
     raw_inputs = _list_of_objects(header, "inputs")
     if not raw_inputs:
@@ -131,6 +135,37 @@ def _parameters(raw: dict[str, Any], where: str) -> dict[str, Any]:
     for key, value in params.items():
         json_text.check_parameter(where, key, value)
     return params
+
+
+def check_parameter_size(parameters: dict[str, Any], max_count: int, max_bytes: int) -> None:
+    """Refuse request parameters past the gateway's bounds (HTTP and gRPC alike).
+
+    A request's parameters travel in its stream entry, its batch and its worker's memory, so
+    their number and size are bounded. The size is the names' and string values' UTF-8 bytes
+    (8 for a number or bool): an ASCII string's length costs nothing to read, and a request
+    without parameters pays one truth test.
+    """
+    if not parameters:
+        return
+    if len(parameters) > max_count:
+        raise InvalidInput(
+            f"request has {len(parameters)} parameters, more than the {max_count} the gateway "
+            "takes (WEIR_GATEWAY_MAX_PARAMETERS)"
+        )
+    size = sum(_byte_size(key) + _byte_size(value) for key, value in parameters.items())
+    if size > max_bytes:
+        raise InvalidInput(
+            f"request parameters hold {size} bytes, more than the {max_bytes} the gateway "
+            "takes (WEIR_GATEWAY_MAX_PARAMETERS_BYTES)"
+        )
+
+
+def _byte_size(value: Any) -> int:
+    if isinstance(value, str):
+        # Only a non-ASCII string is encoded to be measured; surrogatepass: JSON's lone
+        # \ud800 escapes are counted, not raised on.
+        return len(value) if value.isascii() else len(value.encode(errors="surrogatepass"))
+    return 8  # a number or a bool: KServe's other parameter kinds
 
 
 def _optional_id(header: dict[str, Any]) -> str | None:
@@ -227,11 +262,13 @@ def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any
     """Build a tensor from JSON ``data`` (flat or nested, row-major)."""
     if datatype == datatypes.BF16:
         raise InvalidInput(f"input '{name}': BF16 data must use the binary data extension")
-    flat, types = json_text.flatten(name, data)
-    if len(flat) != math.prod(shape):
+    count = math.prod(shape)
+    flat, types = json_text.flatten(name, data, limit=count)
+    if len(flat) != count:
+        # Past the count, flattening stopped at a level of more items than that.
+        found = f"more ({len(flat)} items at one level)" if list in types else len(flat)
         raise InvalidInput(
-            f"input '{name}': shape {list(shape)} needs {math.prod(shape)} elements, "
-            f"data has {len(flat)}"
+            f"input '{name}': shape {list(shape)} needs {count} elements, data has {found}"
         )
     if datatype == datatypes.BYTES:
         return Tensor(

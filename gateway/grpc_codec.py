@@ -14,6 +14,7 @@ numpy from the elements' lengths and their joined bytes.
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 import numpy as np
 from tritonclient.grpc import service_pb2
 
+from gateway import offload
 from gateway.codec import (
     MAX_ELEMENTS,
     MAX_RANK,
@@ -33,6 +35,7 @@ from gateway.codec import (
 from gateway.shared_memory import SharedMemoryRegistry, input_tensor
 from weir import datatypes
 from weir.errors import InvalidInput
+from weir.settings import GatewaySettings
 from weir.tensors import Tensor
 
 # Triton's typed contents: the field that carries each datatype and the dtype it holds.
@@ -78,30 +81,58 @@ def parse_infer_request(
     )
 
 
+async def parse_off_loop(
+    settings: GatewaySettings,
+    request: Any,
+    precheck: Precheck | None = None,
+    shm: SharedMemoryRegistry | None = None,
+) -> InferBody:
+    """:func:`parse_infer_request`, in a parse thread when the request's tensors are large.
+
+    Their size is judged by the shapes declared (4 bytes an element): a request whose data
+    belies its shapes is refused by the counts checked before anything is built.
+    """
+    parse = functools.partial(parse_infer_request, request, precheck, shm)
+    return await offload.parse(settings, 4 * _declared_elements(request), parse)
+
+
+def _declared_elements(request: Any) -> int:
+    # A shape of more than MAX_RANK dims is refused at once, inline.
+    return sum(math.prod(t.shape) for t in request.inputs if len(t.shape) <= MAX_RANK)
+
+
 class _RawContents:
-    """Hands out ``raw_input_contents`` to the inputs that take them, in order."""
+    """Hands out ``raw_input_contents`` to the inputs that take them, in order.
+
+    Each entry is copied out of the message only when its input takes it, and more entries
+    than inputs are refused before any is.
+    """
 
     def __init__(self, request: Any) -> None:
-        self.entries: list[bytes] = list(request.raw_input_contents)
+        self.entries = request.raw_input_contents
+        self.count = len(self.entries)
         self.inputs = len(request.inputs)
         self.taken = 0
+        if self.count > self.inputs:
+            raise self._mismatch()
 
     def take(self) -> bytes | None:
         """The next entry; None when the request sends none (typed contents instead)."""
-        if not self.entries:
+        if not self.count:
             return None
-        if self.taken == len(self.entries):
+        if self.taken == self.count:
             raise self._mismatch()
         self.taken += 1
-        return self.entries[self.taken - 1]
+        entry: bytes = self.entries[self.taken - 1]
+        return entry
 
     def check_consumed(self) -> None:
-        if self.taken != len(self.entries):
+        if self.taken != self.count:
             raise self._mismatch()
 
     def _mismatch(self) -> InvalidInput:
         return InvalidInput(
-            f"request has {len(self.entries)} raw_input_contents for {self.inputs} inputs; "
+            f"request has {self.count} raw_input_contents for {self.inputs} inputs; "
             "raw_input_contents needs one entry per input not in shared memory, in order"
         )
 
@@ -153,9 +184,9 @@ def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:
 def _from_contents(name: str, datatype: str, shape: tuple[int, ...], contents: Any) -> bytes:
     """Tensor data from a typed ``contents`` field, checked to fit ``datatype``."""
     if datatype == datatypes.BYTES:
-        elements = list(contents.bytes_contents)
-        _check_count(name, shape, BYTES_FIELD, len(elements))
-        return serialize_elements(elements)
+        # Counted before the elements are listed: a million empty ones cost nothing here.
+        _check_count(name, shape, BYTES_FIELD, len(contents.bytes_contents))
+        return serialize_elements(list(contents.bytes_contents))
     if datatype not in CONTENTS_FIELDS:
         raise InvalidInput(f"input '{name}': {datatype} data must be sent in raw_input_contents")
     field, held = CONTENTS_FIELDS[datatype]

@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -44,6 +45,7 @@ GRPC_STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.TOO_LARGE: grpc.StatusCode.RESOURCE_EXHAUSTED,
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
+    ErrorKind.CANCELED: grpc.StatusCode.CANCELLED,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
 INTERNAL_MESSAGE = "internal error in the gateway"
@@ -198,10 +200,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     async def infer(self, request: Any, remaining_s: float | None) -> Any:
         """One ``ModelInferRequest``, answered as HTTP answers it; WeirError on failure."""
         state = self.state
+        started_s = time.monotonic()
         entry, version = state.repository.resolve(request.model_name, request.model_version)
         precheck = functools.partial(precheck_input, entry.config)
         try:
-            body = grpc_codec.parse_infer_request(request, precheck, state.shared_memory)
+            body = await grpc_codec.parse_off_loop(
+                state.settings, request, precheck, state.shared_memory
+            )
             _client_deadline(body, remaining_s)
             reply = await execute(state, entry, version, body)
             shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
@@ -209,8 +214,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             state.metrics.failed(entry.name, version, exc.kind)
             raise
         except asyncio.CancelledError:
-            # The call ended before its answer (its deadline passed, or the client left).
-            state.metrics.failed(entry.name, version, ErrorKind.TIMEOUT)
+            # The call ended before its answer: its deadline passed, or the client cancelled
+            # it (the mesh was told, see gateway.mesh); Triton's reasons tell them apart.
+            state.metrics.failed(entry.name, version, _ended_by(started_s, remaining_s))
             raise
         state.metrics.answered(entry.name, version, reply)
         outputs = grpc_codec.select_outputs(body, reply.outputs)
@@ -266,6 +272,13 @@ def _metadata(context: Any, key: str) -> str:
         if name == key:
             return str(value)
     return ""
+
+
+def _ended_by(started_s: float, remaining_s: float | None) -> ErrorKind:
+    """Why a call ended early: its gRPC deadline passed, or its client cancelled it."""
+    if remaining_s is not None and time.monotonic() >= started_s + remaining_s:
+        return ErrorKind.TIMEOUT
+    return ErrorKind.CANCELED
 
 
 def _client_deadline(body: InferBody, remaining_s: float | None) -> None:

@@ -1,4 +1,4 @@
-"""Which (model, version) pairs a live worker serves, from the workers' heartbeat keys.
+"""Which (model, version) pairs a live worker serves, from the workers' liveness registry.
 
 Readiness as Triton reports it, shared by the HTTP routes and the gRPC service: the server
 is ready when a live worker serves every model, a model when one serves it (a pipeline,
@@ -26,9 +26,16 @@ async def served_models(redis: Redis) -> set[tuple[str, str]]:
 
 
 async def served_now(state: GatewayState) -> set[tuple[str, str]]:
-    """:func:`served_models`, with an unreachable Redis as Unavailable (503)."""
+    """:func:`served_models`, with an unreachable Redis as Unavailable (503).
+
+    Shared by the probes that ask at about the same time (see gateway.readiness_cache):
+    read the set, never change it.
+    """
+    read = state.readiness.get(
+        lambda: served_models(state.redis), state.settings.ready_cache_s, state.catalog.generation
+    )
     try:
-        return await served_models(state.redis)
+        return await read
     except RedisError as exc:
         raise Unavailable(f"Redis is unreachable: {exc}") from None
 

@@ -12,6 +12,9 @@ never finish a request. This protocol adds, before anything reaches the app (or 
 - a body that sends nothing for ``body_idle_timeout_s``: the connection closes (the app sees a
   disconnect);
 - a connection past ``max_connections`` open ones: 503, closed at once.
+
+Each request's scope also carries the connection's :class:`~gateway.disconnect.Disconnect`,
+so an inference whose client left is cancelled at once rather than computed for nobody.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from typing import Any
 
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from gateway.disconnect import SCOPE_KEY, Disconnect
 
 REASONS = {
     408: b"Request Timeout",
@@ -56,6 +61,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._header_count = 0
         self._timer: asyncio.TimerHandle | None = None
+        self._disconnect = Disconnect()
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -67,6 +73,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
         super().connection_lost(exc)
+        self._disconnect.fire()
 
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
@@ -112,6 +119,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self.scope[SCOPE_KEY] = self._disconnect  # type: ignore[literal-required]
         self._arm(self.limits.body_idle_timeout_s, self._body_idle)
         super().on_headers_complete()
 

@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import functools
 
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway import classification, codec, compression, shared_memory
+from gateway import classification, codec, compression, json_bounds, offload, shared_memory
 from gateway.codec import InferBody
 from gateway.compression import BoundedDecoder, Coding
+from gateway.disconnect import follow
 from gateway.raw_binary import parse_raw_body
 from gateway.state import GatewayState
 from gateway.validation import check_request, precheck_input
-from weir.errors import BodyTooLarge, InvalidInput, WeirError
+from weir.errors import BodyTooLarge, Canceled, InvalidInput, WeirError
 from weir.repository import ModelEntry
 from weir.tensors import Tensor
 from weir.wire import InferReply
@@ -38,8 +39,8 @@ async def run_infer(
     entry, version = state.repository.resolve(model, version)
     try:
         raw = await read_body(request, state.settings.body_limit_bytes)
-        body = _parse_body(state, entry, raw, _header_length(request))
-        reply = await execute(state, entry, version, body)
+        body = await _parse_body(state, entry, raw, _header_length(request))
+        reply = await follow(request.scope, execute(state, entry, version, body))
         shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
     except WeirError as exc:
         state.metrics.failed(entry.name, version, exc.kind)
@@ -96,15 +97,22 @@ def _header_length(request: Request) -> int | None:
     return int(raw)
 
 
-def _parse_body(
+async def _parse_body(
     state: GatewayState, entry: ModelEntry, raw: bytes, header_length: int | None
 ) -> InferBody:
+    """The body parsed: on the event loop when small, in a parse thread when large.
+
+    JSON past what the model's inputs can need is refused before it is parsed.
+    """
     if header_length == 0:  # Triton's raw binary request: the body is the one input's data
         return parse_raw_body(entry.config, raw)
     precheck = functools.partial(precheck_input, entry.config)
-    return codec.parse_infer_body(
-        raw, header_length, precheck, state.shared_memory, model=entry.name
+    bounds = json_bounds.for_body(entry.config, state.settings, len(raw))
+    shm = state.shared_memory
+    parse = functools.partial(
+        codec.parse_infer_body, raw, header_length, precheck, shm, entry.name, bounds
     )
+    return await offload.parse(state.settings, len(raw), parse)
 
 
 async def read_body(request: Request, limit_bytes: int) -> bytes:
@@ -119,11 +127,14 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     decoder = None if coding == Coding.IDENTITY else BoundedDecoder(coding, limit_bytes)
     chunks: list[bytes] = []
     received = 0
-    async for chunk in request.stream():
-        received += len(chunk)
-        if received > limit_bytes:
-            raise _too_large(received, limit_bytes)
-        chunks.extend([chunk] if decoder is None else decoder.feed(chunk))
+    try:
+        async for chunk in request.stream():
+            received += len(chunk)
+            if received > limit_bytes:
+                raise _too_large(received, limit_bytes)
+            chunks.extend([chunk] if decoder is None else decoder.feed(chunk))
+    except ClientDisconnect:
+        raise Canceled("the client closed the connection before its body was read") from None
     if decoder is not None:
         decoder.finish()
     return b"".join(chunks)

@@ -102,11 +102,14 @@ _JSON_KINDS: dict[type, str] = {
 }
 
 
-def flatten(name: str, data: Any) -> tuple[list[Any], set[type]]:
+def flatten(name: str, data: Any, limit: int | None = None) -> tuple[list[Any], set[type]]:
     """Row-major elements of nested lists, and their types.
 
     Regular nesting is unwound a level at a time in C; ragged nesting falls back to an
-    iterative walk: no recursion, and no element deeper than Triton's limit.
+    iterative walk: no recursion, and no element deeper than Triton's limit. A level of more
+    than ``limit`` items is returned as it is, typed by its first item (``list`` when it is
+    one: not flattened): each item holds an element, so the data holds more than ``limit``,
+    and nothing is built for it.
     """
     if not isinstance(data, list):
         return [data], {type(data)}
@@ -114,6 +117,8 @@ def flatten(name: str, data: Any) -> tuple[list[Any], set[type]]:
     while True:
         if data and level >= TRITON_MAX_JSON_NESTING_DEPTH:
             raise _too_deep(name)
+        if limit is not None and len(data) > limit:
+            return data, {type(data[0])}
         types = set(map(type, data))
         if list not in types:
             return data, types

@@ -18,13 +18,14 @@ import uuid
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.admission import CLOSED, FULL, Admission
+from gateway.admission import ADMITTED, CLOSED, FULL, Admission, MemoryGauge
+from gateway.cancels import Canceller
 from gateway.catalog import Catalog
-from gateway.codec import InferBody
+from gateway.codec import InferBody, check_parameter_size
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
-from weir.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable
+from weir.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable, WeirError
 from weir.link import Link, raise_errors
 from weir.repository import ModelEntry
 from weir.settings import GatewaySettings
@@ -49,9 +50,14 @@ class MeshClient:
         # The hot path's own connections: one shared by admissions, one for the blocking
         # reply reads (see weir.link).
         check_open = settings.model_control_mode is not ControlMode.NONE
-        self.admission = Admission(Link(settings.redis_url, settings.redis_timeout_s), check_open)
+        self.admission = Admission(
+            Link(settings.redis_url, settings.redis_timeout_s),
+            check_open,
+            settings.admission_memory_fraction,
+        )
         self.reply_link = Link(settings.redis_url, settings.redis_timeout_s)
         self._ids = itertools.count()
+        self.canceller = Canceller(self.admission.link)
 
     @property
     def router(self) -> Router:
@@ -61,6 +67,10 @@ class MeshClient:
         self, entry: ModelEntry, version: str, body: InferBody, batch: int
     ) -> InferReply:
         """Queue one request and wait for its reply, at most until its deadline."""
+        settings = self.settings
+        check_parameter_size(
+            body.parameters, settings.max_parameters, settings.max_parameters_bytes
+        )
         size = sum(len(tensor.data) for tensor in body.inputs.values())
         self._check_budget(size)
         timeout_s = self._timeout_s(entry, body)
@@ -78,6 +88,10 @@ class MeshClient:
                 else:
                     await self._send(entry, request, batch, level)
                 return await future
+        except asyncio.CancelledError:
+            # The client left (HTTP disconnect, gRPC cancel): the mesh need not run it.
+            self._cancel(entry, version, request)
+            raise
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{DeadlineExceeded.TRITON_TEXT}: model '{entry.name}' version '{version}' did "
@@ -86,6 +100,14 @@ class MeshClient:
         finally:
             self.waiting.pop(request.id, None)
             self.inflight_bytes -= size
+
+    def _cancel(self, entry: ModelEntry, version: str, request: InferRequest) -> None:
+        if entry.config.is_ensemble:
+            steps = self.router.pipelines[entry.name].steps
+            streams = [names.cancel_stream(step.model, step.version) for step in steps]
+        else:
+            streams = [names.cancel_stream(entry.name, version)]
+        self.canceller.cancel(streams, request.id, request.deadline_ms)
 
     def _check_budget(self, size: int) -> None:
         """503 past the gateway's in-flight budget (a request alone is always taken)."""
@@ -150,30 +172,26 @@ class MeshClient:
             reply_to=self.reply_stream,
             deadline_ms=now_ns // 1_000_000 + int(timeout_s * 1000),
             outputs=[o.name for o in body.outputs],
-            parameters={k: v for k, v in body.parameters.items() if k != "binary_data_output"},
+            # Only the gateway reads a request's parameters (timeout, priority, output
+            # options): none travels through the mesh.
+            parameters={},
             ts={"gateway_in": now_ns},
         )
 
     async def _send(self, entry: ModelEntry, request: InferRequest, batch: int, level: int) -> None:
+        settings = self.settings
         fields = wire.request_fields(request, batch, level)
         batching = entry.config.dynamic_batching
+        # Triton's 0 (or no policy) is unbounded; here it is the gateway's default, so that
+        # no model's queue can grow without bound unless the operator says so.
         limit = batching.default_queue_policy.max_queue_size if batching else 0
-        retry_after_s = self.settings.retry_after_s
+        limit = limit or settings.default_max_queue_size
         try:
             admitted = await self.admission.enqueue(request.model, request.version, fields, limit)
-        except RedisError as exc:
-            raise Unavailable(f"cannot queue the request: {exc}", retry_after_s) from None
-        if admitted == CLOSED:
-            raise NotFound(
-                f"Request for unknown model: '{request.model}' version {request.version} is "
-                "unloaded"
-            )
-        if admitted == FULL:
-            raise Unavailable(
-                f"request for model '{request.model}' version '{request.version}' exceeds "
-                f"maximum queue size {limit}",
-                retry_after_s,
-            )
+        except RedisError as exc:  # OOM past maxmemory too: Redis refused the write
+            raise Unavailable(f"cannot queue the request: {exc}", settings.retry_after_s) from None
+        if admitted != ADMITTED:
+            raise _refusal(request, admitted, limit, self.admission.memory, settings.retry_after_s)
 
     async def read_replies(self) -> None:
         """The reader task: runs for the gateway's life."""
@@ -213,12 +231,35 @@ class MeshClient:
             future.set_result(reply)
 
     async def close(self) -> None:
+        await self.canceller.drain()
         await self.admission.link.close()
         await self.reply_link.close()
         try:
             await self.redis.delete(self.reply_stream)
         except RedisError:
             logger.warning("could not delete reply stream %s", self.reply_stream)
+
+
+def _refusal(
+    request: InferRequest, admitted: int, limit: int, memory: MemoryGauge, retry_after_s: int
+) -> WeirError:
+    """The error for a request admission did not queue (Triton's words where it has them)."""
+    if admitted == CLOSED:
+        return NotFound(
+            f"Request for unknown model: '{request.model}' version {request.version} is unloaded"
+        )
+    if admitted == FULL:
+        return Unavailable(
+            f"request for model '{request.model}' version '{request.version}' exceeds "
+            f"maximum queue size {limit}",
+            retry_after_s,
+        )
+    return Unavailable(
+        f"Redis holds {memory.used_bytes} bytes, past the {memory.limit_bytes} of its "
+        f"maxmemory {memory.max_bytes} that new requests may fill "
+        "(WEIR_GATEWAY_ADMISSION_MEMORY_FRACTION); retry later",
+        retry_after_s,
+    )
 
 
 def _priority_level(entry: ModelEntry, body: InferBody) -> int:

@@ -11,6 +11,7 @@ from starlette.requests import Request
 from gateway.catalog import Catalog
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
+from gateway.readiness_cache import ReadinessCache
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.torchserve.front import TorchServeFront
 from weir.settings import GatewaySettings
@@ -31,6 +32,7 @@ class GatewayState:
     shared_memory: SharedMemoryRegistry
     control: ControlLoop
     torchserve: TorchServeFront = field(default_factory=lambda: TorchServeFront(None))
+    readiness: ReadinessCache = field(default_factory=ReadinessCache)
 
     @property
     def repository(self) -> Catalog:

@@ -10,6 +10,11 @@ once, when the last of them finishes, and no worker waits for it: each finished 
 only adds its tensors and asks. Each step start is claimed with a token derived from the
 request that caused it, so a redelivered batch starts the same steps again (the gateway
 drops the duplicate answers) and never a step twice for two different causes.
+
+The script call that completes a request also reads its outputs and deletes the hash, and
+a failed step's reply deletes it too: the TTL is only the backstop for requests that never
+finish. A step that finishes after its route's hash is gone (answered, failed, or past its
+deadline) adds nothing, so it neither brings the hash back nor answers twice.
 """
 
 from __future__ import annotations
@@ -26,13 +31,16 @@ from weir import names, wire
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest
 
-# KEYS[1]: the route hash. ARGV: ttl_ms, n, n x (tensor, data), outputs count, outputs...,
-# done token, then per candidate step: index, token, needs count, needs...
-# Returns the indexes of the steps to start and, last, 1 when the request is complete.
+# KEYS[1]: the route hash. ARGV: ttl_ms, start (1: the gateway starts the route), n,
+# n x (tensor, data), outputs count, outputs..., done token, then per candidate step:
+# index, token, needs count, needs...
+# Returns {the indexes of the steps to start, and -1 last when the request is complete;
+# the outputs' data when it is complete}.
 _ADVANCE = """
 local key = KEYS[1]
-local i = 3
-for _ = 1, tonumber(ARGV[2]) do
+if ARGV[2] == '0' and redis.call('EXISTS', key) == 0 then return {{}, {}} end
+local i = 4
+for _ = 1, tonumber(ARGV[3]) do
   redis.call('HSET', key, 't:' .. ARGV[i], ARGV[i + 1])
   i = i + 2
 end
@@ -52,7 +60,8 @@ local function present(first, count)
   return true
 end
 local outputs = tonumber(ARGV[i])
-local complete = present(i + 1, outputs)
+local first_output = i + 1
+local complete = present(first_output, outputs)
 i = i + 1 + outputs
 local done_token = ARGV[i]
 i = i + 1
@@ -65,10 +74,21 @@ while i <= #ARGV do
   i = i + 3 + needs
 end
 if complete and claim('done', done_token) then
+  local fields = {}
+  for j = first_output, first_output + outputs - 1 do
+    table.insert(fields, 't:' .. ARGV[j])
+  end
+  local values = redis.call('HMGET', key, unpack(fields))
+  -- A step started in this same call still reads its inputs from the hash.
+  if #started == 0 then redis.call('DEL', key) end
   table.insert(started, -1)
+  return {started, values}
 end
-return started
+return {started, {}}
 """
+
+# The token of the route's start: only the gateway may create a route's hash.
+_START = "gateway"
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,25 +160,37 @@ class Router:
     async def start(self, request: InferRequest, plan: Plan, route: Route) -> Effects:
         """Write the pipeline inputs and find the first steps (one script call)."""
         produced = dict(request.inputs)
-        return await self._advance_all([(request, route, plan, produced, "gateway")])
+        return await self._advance_all([(request, route, plan, produced, _START)])
 
     async def advance(self, finished: list[tuple[InferRequest, InferReply]]) -> Effects:
         """Record finished steps and find what comes next, for a whole batch at once."""
         effects = Effects()
         work = []
+        failed: list[str] = []
         for request, reply in finished:
             route = Route.from_wire(request.route or {})
             pipeline = self.pipelines[route.pipeline]
             step = pipeline.step(route.step)
             if reply.error is not None:
                 effects.replies.append(_failure(request, route, step, reply))
+                failed.append(names.route_state(route.request_id))
                 continue
             plan = pipeline.plan(route.outputs)
             work.append((request, route, plan, step.pipeline_outputs(reply.outputs), request.id))
         more = await self._advance_all(work)
         effects.requests.extend(more.requests)
         effects.replies.extend(more.replies)
+        await self._drop(failed)
         return effects
+
+    async def _drop(self, keys: list[str]) -> None:
+        """Delete failed requests' routes, after the steps started this batch read theirs."""
+        if not keys:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for key in keys:  # one DEL each: the keys lie on different cluster slots
+                pipe.delete(key)
+            await pipe.execute()
 
     async def _advance_all(self, work: list[tuple[Any, ...]]) -> Effects:
         calls = [
@@ -185,7 +217,7 @@ class Router:
         self, route: Route, plan: Plan, produced: dict[str, Tensor], token: str, deadline_ms: int
     ) -> tuple[list[str], list[Any]]:
         ttl_ms = max(deadline_ms - wire.now_ns() // 1_000_000, 1) + 1000
-        args: list[Any] = [ttl_ms, len(produced)]
+        args: list[Any] = [ttl_ms, int(token == _START), len(produced)]
         for name, tensor in produced.items():
             args.extend((name, _pack(tensor)))
         args.extend((len(plan.outputs), *plan.outputs, token))
@@ -194,33 +226,42 @@ class Router:
                 args.extend((step.index, token, len(step.needs), *sorted(step.needs)))
         return [names.route_state(route.request_id)], args
 
-    async def _follow(self, work: list[tuple[Any, ...]], started: list[list[int]]) -> Effects:
+    async def _follow(self, work: list[tuple[Any, ...]], results: list[list[Any]]) -> Effects:
+        effects = Effects()
         fetches = []
-        for (request, route, plan, _, _), indexes in zip(work, started, strict=True):
+        for (request, route, plan, _, _), (indexes, values) in zip(work, results, strict=True):
             pipeline = self.pipelines[route.pipeline]
             for index in indexes:
-                wanted = plan.outputs if index < 0 else tuple(pipeline.step(index).needs)
-                fetches.append((request, route, plan, index, wanted))
-        if not fetches:
-            return Effects()
-        async with self.redis.pipeline(transaction=False) as pipe:
-            for _, route, _, _, wanted in fetches:
-                pipe.hmget(names.route_state(route.request_id), [f"t:{t}" for t in wanted])
-            values = await pipe.execute()
-        return self._effects(fetches, values)
-
-    def _effects(self, fetches: list[tuple[Any, ...]], values: list[list[bytes]]) -> Effects:
-        effects = Effects()
-        for (request, route, _, index, wanted), raw in zip(fetches, values, strict=True):
-            tensors = {name: _unpack(data) for name, data in zip(wanted, raw, strict=True)}
-            if index < 0:
-                reply = InferReply(route.request_id, route.pipeline, route.version, tensors)
-                effects.replies.append((request.reply_to, reply.encode()))
-                continue
-            step = self.pipelines[route.pipeline].step(index)
-            batch = next(iter(tensors.values())).shape[0] if step.config.max_batch_size else 1
-            effects.requests.append((self.step_request(request, route, step, tensors), batch))
+                if index < 0:  # complete: the script returned the outputs
+                    effects.replies.append(_answer(request, route, plan, values))
+                else:
+                    step = pipeline.step(index)
+                    fetches.append((request, route, step, tuple(step.needs)))
+        if fetches:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for _, route, _, wanted in fetches:
+                    pipe.hmget(names.route_state(route.request_id), [f"t:{t}" for t in wanted])
+                values = await pipe.execute()
+            effects.requests.extend(self._step_requests(fetches, values))
         return effects
+
+    def _step_requests(
+        self, fetches: list[tuple[Any, ...]], values: list[list[bytes]]
+    ) -> list[tuple[InferRequest, int]]:
+        requests = []
+        for (request, route, step, wanted), raw in zip(fetches, values, strict=True):
+            tensors = {name: _unpack(data) for name, data in zip(wanted, raw, strict=True)}
+            batch = next(iter(tensors.values())).shape[0] if step.config.max_batch_size else 1
+            requests.append((self.step_request(request, route, step, tensors), batch))
+        return requests
+
+
+def _answer(
+    request: InferRequest, route: Route, plan: Plan, values: list[bytes]
+) -> tuple[str, bytes]:
+    tensors = {name: _unpack(data) for name, data in zip(plan.outputs, values, strict=True)}
+    reply = InferReply(route.request_id, route.pipeline, route.version, tensors)
+    return request.reply_to, reply.encode()
 
 
 def _failure(

@@ -77,6 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--http-port", type=int, help="gateway HTTP port (env WEIR_UP_HTTP_PORT)")
     up.add_argument("--grpc-port", type=int, help="gateway gRPC port, 0 for none (default 8001)")
     up.add_argument("--redis-port", type=int, help="private Redis port, 0: any free one")
+    up.add_argument(
+        "--redis-maxmemory",
+        help="private Redis's maxmemory under noeviction, e.g. 1gb, 0: none (default 1gb)",
+    )
     up.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (default 8002)")
     up.add_argument("--gateway-processes", type=int, help="gateway processes (default 1)")
     up.add_argument("--cpu-workers", type=int, help="CPU worker pool processes (default 1)")

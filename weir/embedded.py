@@ -38,7 +38,9 @@ class Embedded(Service):
     def __init__(self, settings: UpSettings) -> None:
         super().__init__(settings.shutdown_grace_s)
         self.settings = settings
-        self.redis = RedisServer(settings.redis_port, settings.redis_server)
+        self.redis = RedisServer(
+            settings.redis_port, settings.redis_server, maxmemory=settings.redis_maxmemory
+        )
         self.children: dict[str, asyncio.subprocess.Process] = {}
         self.env: dict[str, str] = {}
         self.exit_code = 0

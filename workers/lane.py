@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import Executor
 
 from redis.exceptions import RedisError
@@ -97,6 +97,8 @@ class WorkerLane:
         self.credit_stream = names.credit_stream(entry.name, version)
         self.queued_key = names.queued_counter(entry.name, version)
         self.dead_stream = names.dead_letter_stream(entry.name, version)
+        self.cancel_stream = names.cancel_stream(entry.name, version)
+        self.is_canceled: Callable[[str], bool] = _never  # the worker's cancel watch's
         self.reclaimer = Reclaimer(group, settings.reclaim_idle_ms, settings.max_deliveries)
         self.held: set[bytes] = set()  # entries taken and not yet acked
         self.free = asyncio.Semaphore(len(runners))
@@ -197,15 +199,13 @@ class WorkerLane:
 
     def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
         requests = _decode(entry)
-        now_ms = time.time() * 1000
-        live = [r for r in requests if r.deadline_ms > now_ms]
+        live, expired, canceled = _sort(requests, time.time() * 1000, self.is_canceled)
         outcome = Outcome()
         started = time.perf_counter_ns()
-        replies, outcome.executions = runner.run_batch(live) if live else ([], [])
+        replies, outcome.executions = runner.run_batch(live, self.is_canceled) if live else ([], [])
         outcome.compute_ns = time.perf_counter_ns() - started
         by_id = {r.id: r for r in requests}
-        expired = [r for r in requests if r.deadline_ms <= now_ms]
-        outcome.phases = _phase_totals(replies, by_id, expired, wire.now_ns())
+        outcome.phases = _phase_totals(replies, by_id, [*expired, *canceled], wire.now_ns())
         if any(e.phases_ns is not None for e in outcome.executions):
             outcome.last_inference_ms = time.time_ns() // 1_000_000
         for reply in replies:
@@ -243,7 +243,7 @@ class WorkerLane:
     def _effects(self, entry_id: bytes, outcome: Outcome) -> list[Command]:
         maxlen = ("MAXLEN", "~", self.settings.reply_maxlen)
         commands: list[Command] = [
-            ("XADD", stream, *maxlen, "*", *_flat(fields))
+            ("XADD", stream, "NOMKSTREAM", *maxlen, "*", *_flat(fields))  # no gateway, no stream
             for stream, fields in wire.reply_entries(outcome.replies).items()
         ]
         for request, batch in outcome.forwards:
@@ -285,6 +285,31 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def _sort(
+    requests: list[InferRequest], now_ms: float, is_canceled: Callable[[str], bool]
+) -> tuple[list[InferRequest], list[InferRequest], list[InferRequest]]:
+    """A batch's requests to run, those past their deadline, and those nobody waits for.
+
+    The cancelled are dropped without a reply (their client left); the expired answered
+    with Triton's timeout error.
+    """
+    live: list[InferRequest] = []
+    expired: list[InferRequest] = []
+    canceled: list[InferRequest] = []
+    for request in requests:
+        if request.deadline_ms <= now_ms:
+            expired.append(request)
+        elif is_canceled(request.id):
+            canceled.append(request)
+        else:
+            live.append(request)
+    return live, expired, canceled
+
+
+def _never(_: str) -> bool:
+    return False
 
 
 def _flat(fields: Mapping[bytes, Arg]) -> list[Arg]:

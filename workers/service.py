@@ -26,6 +26,7 @@ from redis.exceptions import RedisError
 from pipelines.graph import load_pipelines
 from pipelines.route import Router
 from weir import names, wire
+from weir.cancels import CancelWatch
 from weir.connection import connect
 from weir.control import uploads
 from weir.control.desired import DesiredState, DesiredStore
@@ -86,6 +87,7 @@ class Worker(Service):
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
         )
         self.trimmer = Trimmer(self.redis, names.WORKER_GROUP, [])
+        self.cancels = CancelWatch(settings.redis_url, settings.redis_timeout_s, settings.block_ms)
         uploads_dir = settings.uploads_dir or uploads.default_dir()
         self.follower = Follower(
             DesiredStore(self.redis),
@@ -176,12 +178,18 @@ class Worker(Service):
         if old is not None:
             await old.end(self.settings.block_ms / 1000 + 1, self.shutdown_grace_s)
         await self.group.ensure([lane.stream])
+        lane.is_canceled = self.cancels.is_canceled
         run = LaneRun(lane)
         self.runs[key] = run
         if self.started:
             run.start(self.tasks)
         await self.redis.xadd(lane.credit_stream, {wire.CREDITS: len(lane.runners)})
-        self.trimmer.streams = [r.lane.stream for r in self.runs.values()]
+        self._watch()
+
+    def _watch(self) -> None:
+        """Trim the batch streams of the lanes there are now; watch their cancel notices."""
+        self.trimmer.streams = [run.lane.stream for run in self.runs.values()]
+        self.cancels.watch([run.lane.cancel_stream for run in self.runs.values()])
 
     async def _follow(self, state: DesiredState) -> None:
         """Reconcile the lanes with the desired state."""
@@ -256,7 +264,7 @@ class Worker(Service):
         run = self.runs.pop(key)
         await run.end(self.settings.block_ms / 1000 + 1, self.shutdown_grace_s)
         self.retirement.forget(*key)
-        self.trimmer.streams = [r.lane.stream for r in self.runs.values()]
+        self._watch()
         await self.heartbeat.beat()
         del run
         _give_memory_back()
@@ -268,6 +276,7 @@ class Worker(Service):
             run.start(self.tasks)
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
+        self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
         idle = IdleTrim(self.settings.trim_memory_idle_s, self._last_batch_s)
         self.tasks.spawn(idle.run(self.should_exit), "memory trim")
         if self.settings.pool == "gpu":
@@ -295,6 +304,7 @@ class Worker(Service):
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
         await self.heartbeat.stop()
         await self.link.close()
+        await self.cancels.close()
         await self.redis.aclose()
 
 

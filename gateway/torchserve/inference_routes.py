@@ -14,6 +14,7 @@ from fastapi import APIRouter, Request, Response
 
 from gateway.auth import Scope, check_token
 from gateway.codec import InferBody, RequestedOutput
+from gateway.disconnect import follow
 from gateway.health import served_now, serves_all
 from gateway.inference import execute, read_body
 from gateway.state import GatewayState, gateway_state
@@ -75,7 +76,7 @@ async def predict(request: Request, model: str, version: str | None, explain: bo
         raw = await read_body(request, state.settings.ts_max_request_size_bytes)
         element = _element(entry, await ts_request(request, raw, explain))
         body = InferBody({envelope.TS_REQUEST: element}, _wanted())
-        reply = await execute(state, entry, weir_version, body)
+        reply = await follow(request.scope, execute(state, entry, weir_version, body))
         response = _answer(state, reply)
     except WeirError as exc:
         state.metrics.failed(entry.name, weir_version, exc.kind)

@@ -20,6 +20,7 @@ ERROR_TYPES: dict[ErrorKind, str] = {
     ErrorKind.TOO_LARGE: "TooLongFrameException",
     ErrorKind.UNAVAILABLE: "ServiceUnavailableException",
     ErrorKind.TIMEOUT: "RequestTimeoutException",
+    ErrorKind.CANCELED: "RequestCanceledException",
     ErrorKind.INTERNAL: "InternalServerException",
 }
 TYPES_BY_STATUS = {

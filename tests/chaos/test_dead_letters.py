@@ -63,6 +63,8 @@ def test_poison_batch_is_dead_lettered_answered_once_and_replayable(
         client = redis.Redis.from_url(server.url)
         # A batch a dead consumer has already been handed MAX_DELIVERIES times.
         client.xgroup_create(BATCHES, "workers", id="0", mkstream=True)
+        # Replies go only to a stream that exists, as a live gateway keeps its own.
+        client.xadd(REPLIES, {"created": "1"}, maxlen=0, approximate=False)
         entry_id = client.xadd(BATCHES, {wire.PAYLOAD: batch_of(rows)})
         client.xreadgroup("workers", "ghost", {BATCHES: ">"})
         client.execute_command(

@@ -18,11 +18,15 @@ import torch
 
 from tests.chaos.helpers import Topology, closed_loop, private_repository
 from tests.conftest import http_ready, wait_until
+from weir import names
 from weir.redis_server import RedisServer, free_port
 
 
 def live_count(client: redis.Redis, group: str) -> int:
-    return len(list(client.scan_iter(match=f"weir:live:{group}:*")))
+    """The consumers of ``group`` whose beat has not expired, by Redis's clock."""
+    seconds, micros = client.time()
+    now_ms = seconds * 1000 + micros // 1000
+    return int(client.zcount(names.live_expiry(group), f"({now_ms}", "+inf"))
 
 
 def replace(mesh: Topology, old, service: str, name: str, ready, **env: str):  # type: ignore[no-untyped-def]

@@ -20,9 +20,9 @@ import redis
 from tests.conftest import ROOT, Mesh, assert_serves_tiny_mlp, private_mesh, wait_until
 from weir import names
 
-# The heartbeat TTL is 3 s and a worker beats every second, so a key left behind by a worker
-# lives at least 2 s after its last beat: readiness that drops sooner proves the worker
-# deleted its key on the way out rather than letting it expire.
+# The heartbeat TTL is 3 s and a worker beats every second, so a worker's registry entry left
+# behind lives at least 2 s after its last beat: readiness that drops sooner (a probe reuses
+# a read up to 0.5 s old) proves the worker left the registry on the way out.
 DROP_WITHIN_S = 1.5
 
 
@@ -43,8 +43,9 @@ def both_ready(mesh: Mesh) -> tuple[int, int]:
 
 
 def live_workers(mesh: Mesh) -> list[bytes]:
+    """The workers in the liveness registry (a stopped one leaves it; nothing reads it here)."""
     with redis.Redis.from_url(mesh.redis_url) as client:
-        return list(client.scan_iter(match=names.live_pattern(names.WORKER_GROUP)))
+        return list(client.hkeys(names.live_values(names.WORKER_GROUP)))
 
 
 def start_worker(mesh: Mesh) -> subprocess.Popen[bytes]:

@@ -21,6 +21,10 @@ The handler contract:
   Numeric outputs are cast to the config datatype when numpy calls the cast safe or
   same-kind (``float64`` to ``FP32``, not ``float`` to ``INT64``); ``BYTES`` outputs may
   hold ``bytes`` or ``str``.
+- While a batch runs, ``context.is_cancelled()`` tells whether anyone still waits for it
+  (each request past its deadline or its client gone) and ``context.time_left_s()`` how
+  long the last of them will: a handler that loops over a long input checks between steps
+  and raises :class:`~weir.errors.DeadlineExceeded` to stop.
 - A :class:`~weir.errors.WeirError` raised by the handler keeps its meaning (raise
   ``InvalidInput`` for a bad input: the client gets a 400); any other exception becomes a
   :class:`~weir.errors.ServerError` naming the model and the stage that failed. Each
@@ -49,6 +53,7 @@ from weir import datatypes
 from weir.autocomplete import model_path
 from weir.config import ModelConfig
 from weir.errors import ConfigError, ServerError, WeirError
+from workers import batch_wait
 from workers.backends.base import ModelBackend
 
 logger = logging.getLogger(__name__)
@@ -73,6 +78,18 @@ class HandlerContext:
     def system_properties(self) -> dict[str, Any]:
         """TorchServe's name for where the model's files are."""
         return {"model_dir": str(self.model_dir), "gpu_id": None}
+
+    def is_cancelled(self) -> bool:
+        """Whether nobody waits for the batch being run any more (Triton's name).
+
+        True once each of its requests is past its deadline or its client left: a handler
+        that loops over a long input may check it and stop, raising ``DeadlineExceeded``.
+        """
+        return batch_wait.is_cancelled()
+
+    def time_left_s(self) -> float:
+        """Seconds until the last deadline of the batch being run (inf outside a batch)."""
+        return batch_wait.time_left_s()
 
 
 class PythonBackend(ModelBackend):

@@ -3,7 +3,8 @@
 Uses the ``tokenizers`` library with the model's own ``tokenizer.json`` (lower-casing
 WordPiece, ``[CLS] ... [SEP]``), copied next to this file by ``examples/build_models.py``.
 Every row is truncated and padded to ``max_length`` (128) tokens, so the requests of a
-batch, and the batches of the encoder after it, all have one shape.
+batch, and the batches of the encoder after it, all have one shape. A batch is tokenized a
+few texts at a time, and given up (504) as soon as nobody waits for it any more.
 """
 
 from __future__ import annotations
@@ -13,11 +14,16 @@ from typing import Any
 import numpy as np
 from tokenizers import Encoding, Tokenizer
 
+from weir.errors import DeadlineExceeded
+
+TEXTS_PER_STEP = 8  # between two looks at whether anyone still waits
+
 
 class MiniLMTokenizer:
     """TorchServe's handler shape; each method sees the whole batch."""
 
     def initialize(self, context: Any) -> None:
+        self.context = context
         max_length = int(context.parameters.get("max_length", "128"))
         self.tokenizer = Tokenizer.from_file(str(context.model_dir / "tokenizer.json"))
         self.tokenizer.enable_truncation(max_length)
@@ -28,7 +34,12 @@ class MiniLMTokenizer:
         return [text.decode("utf-8", errors="replace") for text in batch["TEXT"].reshape(-1)]
 
     def inference(self, texts: list[str]) -> list[Encoding]:
-        return self.tokenizer.encode_batch(texts)
+        encodings: list[Encoding] = []
+        for start in range(0, len(texts), TEXTS_PER_STEP):
+            if self.context.is_cancelled():
+                raise DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)
+            encodings.extend(self.tokenizer.encode_batch(texts[start : start + TEXTS_PER_STEP]))
+        return encodings
 
     def postprocess(self, encodings: list[Encoding]) -> dict[str, np.ndarray]:
         return {

@@ -1,0 +1,71 @@
+"""Whether anyone still waits for the batch a backend is running, and for how long.
+
+A worker runs a batch in an executor thread; while it does, :func:`running` makes the
+batch's requests known to that thread, so a handler that loops over a long input can ask
+(through its context, see :mod:`workers.backends.python_backend`) and stop early, as
+Triton's Python backend offers with ``request.is_cancelled()``:
+
+- :func:`time_left_s`: seconds until the last deadline among the batch's requests;
+- :func:`is_cancelled`: True once no request of the batch is waited for (each is past its
+  deadline, or its client left), so whatever the handler computes would be thrown away.
+
+Outside a batch (``initialize``, warmup) nothing is cancelled and the time left is endless.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+from weir.wire import InferRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BatchWait:
+    """The requests of the batch a thread is running, and the cancel check to ask."""
+
+    requests: Sequence[InferRequest]
+    is_canceled: Callable[[str], bool]
+
+    def time_left_s(self) -> float:
+        deadlines = [r.deadline_ms for r in self.requests]
+        if not deadlines or not all(deadlines):
+            return math.inf  # a request with no deadline waits forever
+        return max(deadlines) / 1000 - time.time()
+
+    def is_cancelled(self) -> bool:
+        now_ms = time.time() * 1000
+        # The first request still waited for ends the search: usually the first one.
+        return not any(
+            (not r.deadline_ms or r.deadline_ms > now_ms) and not self.is_canceled(r.id)
+            for r in self.requests
+        )
+
+
+_CURRENT: ContextVar[BatchWait | None] = ContextVar("weir_batch_wait", default=None)
+
+
+@contextmanager
+def running(requests: list[InferRequest], is_canceled: Callable[[str], bool]) -> Iterator[None]:
+    """Make ``requests`` the batch this thread runs, for the duration of the block."""
+    token = _CURRENT.set(BatchWait(requests, is_canceled))
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
+
+
+def time_left_s() -> float:
+    """Seconds until the running batch's last deadline (inf outside a batch)."""
+    wait = _CURRENT.get()
+    return math.inf if wait is None else wait.time_left_s()
+
+
+def is_cancelled() -> bool:
+    """Whether nobody waits for the running batch any more (False outside a batch)."""
+    wait = _CURRENT.get()
+    return wait is not None and wait.is_cancelled()
