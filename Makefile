@@ -33,8 +33,9 @@ up: models
 test: models
 	$(BIN)/python -m pytest
 
-# The benchmark (bench/README.md): raw torch, a naive FastAPI baseline and Weir, one run.
-# It installs what only it needs (the bench extra; wrk with apt-get when missing).
+# The benchmark (bench/README.md): raw torch, Weir and its peers (a naive FastAPI baseline,
+# TorchServe), one run. It installs what only it needs (the bench extra; wrk and Java with
+# apt-get when missing; TorchServe into its own venv, bench/results/torchserve-venv).
 # Options: make bench BENCH_ARGS="--models tiny_mlp --duration-s 4"
 bench: models
 	$(BIN)/python -m pip install --quiet -e ".[bench]"

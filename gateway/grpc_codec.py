@@ -131,10 +131,15 @@ class _RawContents:
             raise self._mismatch()
 
     def _mismatch(self) -> InvalidInput:
-        return InvalidInput(
-            f"request has {self.count} raw_input_contents for {self.inputs} inputs; "
-            "raw_input_contents needs one entry per input not in shared memory, in order"
-        )
+        return raw_mismatch(self.count, self.inputs)
+
+
+def raw_mismatch(count: int, inputs: int) -> InvalidInput:
+    """The error of a request whose ``raw_input_contents`` do not match its inputs."""
+    return InvalidInput(
+        f"request has {count} raw_input_contents for {inputs} inputs; "
+        "raw_input_contents needs one entry per input not in shared memory, in order"
+    )
 
 
 def _parse_input(
@@ -144,13 +149,8 @@ def _parse_input(
     shm: SharedMemoryRegistry,
     model: str,
 ) -> tuple[str, Tensor]:
-    name = tensor.name
-    if not name:
-        raise InvalidInput("every input needs a name")
-    datatype = tensor.datatype
-    if datatype not in datatypes.DATATYPES:
-        raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
-    shape = _shape(name, tensor.shape)
+    name, datatype = tensor.name, tensor.datatype
+    shape = check_header(name, datatype, tensor.shape)
     parameters = _parameters(tensor.parameters, f"input '{name}'")
     if precheck is not None:
         precheck(name, datatype, shape)
@@ -168,6 +168,15 @@ def _parse_input(
     parsed = Tensor(datatype, shape, raw)
     parsed.check_size(name, model)
     return name, parsed
+
+
+def check_header(name: str, datatype: str, dims: Iterable[int]) -> tuple[int, ...]:
+    """An input's shape, once its name, datatype and dims are checked; InvalidInput if not."""
+    if not name:
+        raise InvalidInput("every input needs a name")
+    if datatype not in datatypes.DATATYPES:
+        raise InvalidInput(f"input '{name}': unknown datatype {datatype!r}")
+    return _shape(name, dims)
 
 
 def _shape(name: str, dims: Iterable[int]) -> tuple[int, ...]:

@@ -15,6 +15,7 @@ does not implement (trace and log settings) answer UNIMPLEMENTED, naming what is
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import time
@@ -25,7 +26,7 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway import grpc_codec, health, metadata, model_control, shared_memory
+from gateway import grpc_codec, grpc_wire, health, metadata, model_control, shared_memory
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.codec import InferBody
 from gateway.inference import execute
@@ -33,6 +34,7 @@ from gateway.shared_memory import RegionExists
 from gateway.shared_memory_routes import CUDA_UNAVAILABLE
 from gateway.state import GatewayState
 from gateway.validation import precheck_input
+from weir.config import ModelConfig as Config  # the servicer has a method ModelConfig
 from weir.errors import ErrorKind, NotFound, ServerError, WeirError
 
 logger = logging.getLogger(__name__)
@@ -182,9 +184,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         return service_pb2.RepositoryModelUnloadResponse()
 
     @_answers_errors
-    async def ModelInfer(self, request: Any, context: Any) -> Any:
+    async def ModelInfer(self, request: bytes, context: Any) -> Any:
         self._authorize(context, Scope.INFERENCE)
-        return await self.infer(request, context.time_remaining())
+        message = await self.decode(request)
+        return await self.infer(message, context.time_remaining())
 
     @_answers_errors
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
@@ -196,6 +199,26 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             await stream.finish()
         finally:
             stream.cancel()
+
+    async def decode(self, wire: bytes) -> Any:
+        """The ``ModelInferRequest`` an infer call sent undecoded (see gateway.grpc_server).
+
+        A large one is bounded by its model before protobuf builds it (gateway.grpc_wire); a
+        refusal counts as the model's failure, as one found while parsing does.
+        """
+        try:
+            return await grpc_wire.decode_request(self.state.settings, wire, self._model_config)
+        except WeirError as exc:
+            name, version, _ = grpc_wire.head(wire)
+            with contextlib.suppress(WeirError):
+                entry, version = self.state.repository.resolve(name, version)
+                self.state.metrics.failed(entry.name, version, exc.kind)
+            raise
+
+    def _model_config(self, name: str) -> Config | None:
+        # Called in a parse thread: one read of the catalog's dict, which stays consistent.
+        entry = self.state.repository.models.get(name)
+        return None if entry is None else entry.config
 
     async def infer(self, request: Any, remaining_s: float | None) -> Any:
         """One ``ModelInferRequest``, answered as HTTP answers it; WeirError on failure."""
@@ -335,8 +358,9 @@ class _StreamAnswers:
         finally:
             self.slots.release()
 
-    async def _response(self, request: Any) -> Any:
+    async def _response(self, wire: bytes) -> Any:
         try:
+            request = await self.servicer.decode(wire)
             answer = await self.servicer.infer(request, self.context.time_remaining())
             return service_pb2.ModelStreamInferResponse(infer_response=answer)
         except WeirError as exc:
@@ -344,9 +368,10 @@ class _StreamAnswers:
         except Exception:
             logger.exception("gRPC stream inference failed")
             message = INTERNAL_MESSAGE
+        name, version, request_id = grpc_wire.head(wire)  # the message may not be decoded
         return service_pb2.ModelStreamInferResponse(
             error_message=message,
             infer_response=service_pb2.ModelInferResponse(
-                model_name=request.model_name, model_version=request.model_version, id=request.id
+                model_name=name, model_version=version, id=request_id
             ),
         )

@@ -108,6 +108,7 @@ async def load(state: GatewayState, name: str, parameters: dict[str, Any]) -> No
     await control.follower.check()
     loaded = [m for n, m in desired.models.items() if _changed(before, m)] or [desired.models[name]]
     await _wait_loaded(state, control, name, loaded, before)
+    state.readiness.forget()  # the probes that follow see what the load just saw
 
 
 async def _failed_before(state: GatewayState, name: str) -> bool:
@@ -188,6 +189,7 @@ async def unload(state: GatewayState, name: str, parameters: dict[str, Any]) -> 
     while time.monotonic() < deadline:
         view = state.catalog.view
         if not any(view.serves(m.name, v) for m in gone for v in m.versions):
+            state.readiness.forget()
             return
         await control.next_round(state.settings.control_refresh_s * 2)
 

@@ -40,6 +40,10 @@ class ReadinessCache:
         # Shielded: a probe whose client leaves must not cancel the read the others await.
         return await asyncio.shield(self._read)
 
+    def forget(self) -> None:
+        """The next probe reads again: the caller saw the served models change."""
+        self._generation = -1
+
     def _stale(self, read: asyncio.Task[Served], max_age_s: float, generation: int) -> bool:
         if generation != self._generation:
             return True

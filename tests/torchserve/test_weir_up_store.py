@@ -39,7 +39,9 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
     with weir_up(*args) as up:
         announced = f"management http://127.0.0.1:{management_port}/models"
         wait_until(lambda: announced in "".join(up.lines), 10, "the TorchServe APIs' line")
-        answer = httpx.post(f"http://127.0.0.1:{http_port}/predictions/hello", content=b"hi")
+        answer = httpx.post(
+            f"http://127.0.0.1:{http_port}/predictions/hello", content=b"hi", timeout=30
+        )
         assert answer.status_code == 200, answer.text
         assert answer.json() == {"got": "hi", "model": "hello"}
         listed = httpx.get(f"http://127.0.0.1:{management_port}/models").json()
