@@ -15,6 +15,7 @@ its version admits nothing and every request it accepted is answered.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 import uuid
@@ -71,6 +72,7 @@ class Batcher(Service):
         self.trimmer = Trimmer(self.redis, names.BATCHER_GROUP, [])
         self.follower = Follower(DesiredStore(self.redis), settings.control_refresh_s, self._follow)
         self.tasks = TaskSet()
+        self.lanes_added = asyncio.Event()  # wakes a reader that had no stream to read
         self.cancels = CancelWatch(
             settings.redis_url, settings.redis_timeout_s, settings.block_ms, self._noticed
         )
@@ -148,6 +150,7 @@ class Batcher(Service):
         self.dispatchers[lane] = self.tasks.spawn(
             self._dispatch(lane), f"dispatch {lane.request_stream}"
         )
+        self.lanes_added.set()
 
     async def _dispatch(self, lane: BatcherLane) -> None:
         try:
@@ -198,6 +201,9 @@ class Batcher(Service):
                 if time.monotonic() >= next_upkeep:
                     await self._upkeep()
                     next_upkeep = time.monotonic() + self.settings.reclaim_interval_s
+                if not self.routes:
+                    await self._await_lanes()
+                    continue
                 entries = await self.group.read(
                     self.read_link,
                     list(self.routes),
@@ -213,6 +219,16 @@ class Batcher(Service):
                 # Let the lanes send what just arrived before the next read is packed and
                 # sent: that read can wait, the batch is the latency.
                 await asyncio.sleep(0)
+
+    async def _await_lanes(self) -> None:
+        """Nothing to read (a control mode serving no model yet): wait for a lane.
+
+        A read of no streams returns at once without yielding, so looping on it would hold
+        the event loop and starve the task that follows the desired state and adds lanes.
+        """
+        self.lanes_added.clear()
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.lanes_added.wait(), self.settings.block_ms / 1000)
 
     def _route(self, entries: list[Entry]) -> None:
         now_s = time.monotonic()

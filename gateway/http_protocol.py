@@ -78,6 +78,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def data_received(self, data: bytes) -> None:
         if self.transport.is_closing():
             return
+        # As uvicorn's own data_received does first: a request arriving on a kept-alive
+        # connection stops the idle timer, which would otherwise close the connection under
+        # a request that takes longer than the keep-alive timeout to answer.
+        self._unset_keepalive_if_required()
         if not self._in_head:
             self._arm(self.limits.body_idle_timeout_s, self._body_idle)
             self._feed(data)

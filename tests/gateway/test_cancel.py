@@ -200,3 +200,13 @@ def test_a_running_handler_sees_its_deadline_pass(sleeper_mesh: Mesh) -> None:
     assert "Request timeout expired" in response.json()["error"]
     assert timed_request(sleeper_mesh, 0.0) < 5
     assert time.monotonic() - started < LOOP_LIMIT_S / 3
+
+
+def test_a_slow_answer_on_a_kept_alive_connection_is_not_cut_off(sleeper_mesh: Mesh) -> None:
+    # uvicorn closes a kept-alive connection idle for 5 s; a request that arrived on it
+    # stops that timer, however long its answer takes.
+    url = f"{sleeper_mesh.url}/v2/models/sleeper/infer"
+    with httpx.Client(timeout=60) as client:
+        assert client.post(url, json=body(0.0)).status_code == 200
+        slow = client.post(url, json=body(5.5))
+    assert slow.status_code == 200, slow.text

@@ -9,7 +9,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
+import orjson
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from gateway import json_bounds, json_text
 from gateway.json_bounds import JsonBudget
@@ -133,3 +136,31 @@ def test_flatten_stops_at_a_level_with_more_items_than_the_limit() -> None:
     data = [[0.5]] * 100
     assert json_text.flatten("X", data, limit=64) == (data, {list})
     assert json_text.flatten("X", data, limit=100) == ([0.5] * 100, {float})
+
+
+def _structure(value: Any) -> int:
+    """Commas, ``[`` and ``{`` that orjson's encoding of ``value`` holds outside strings."""
+    if isinstance(value, list):
+        return 1 + max(len(value) - 1, 0) + sum(_structure(v) for v in value)
+    if isinstance(value, dict):
+        return 1 + max(len(value) - 1, 0) + sum(_structure(v) for v in value.values())
+    return 0
+
+
+JSON_VALUES = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**63), 2**63 - 1)
+    | st.floats(allow_nan=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=6) | st.dictionaries(st.text(), inner, max_size=6),
+    max_leaves=40,
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(value=JSON_VALUES)
+def test_the_count_of_any_json_body_is_its_structure_whatever_its_strings_hold(value: Any) -> None:
+    # Strings full of commas, brackets, quotes and backslashes count for nothing.
+    raw = orjson.dumps(value)
+    assert json_bounds.tokens_outside_strings(raw) == _structure(value)
