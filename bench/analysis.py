@@ -8,13 +8,14 @@ from __future__ import annotations
 import itertools
 import operator
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from bench.variants import Runtime, served_name
 
 WEIR = "weir"
 BASELINE = "baseline"
+TORCHSERVE = "torchserve"
 TORCH = Runtime.TORCH.value
 
 # raw[name] is the list of {"batch_size", "batch_ms", "samples_per_s"} from bench.raw, by
@@ -38,6 +39,13 @@ class Point:
     errors: int
     other_cpu: float = 0.0  # cores other programs used meanwhile (bench.cpu)
     runtime: str = TORCH  # what computed the model (the baseline's is always torch)
+    # µs of CPU per answered request, by process role of the server (bench.cpu)
+    cpu_us_per_request: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def cpu_us_total(self) -> float:
+        """µs of CPU per answered request, every process of the server together."""
+        return sum(self.cpu_us_per_request.values())
 
     @property
     def served(self) -> str:
@@ -176,7 +184,9 @@ def _model_targets(points: list[Point], raw: Raw, model: str) -> list[Target]:
             Target(model, "Weir peak / raw at best batch", r["weir_over_raw_best"], 0.95, True),
         ],
     }
-    return goals.get(model, [])
+    found = goals.get(model, [])
+    # Without the baseline in the run (--peers), its ratio is not measured, not missed.
+    return [t for t in found if r["baseline_peak"] or "baseline" not in t.name]
 
 
 def _tail_targets(points: list[Point], raw: Raw, model: str) -> list[Target]:

@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt
 from matplotlib.axes import Axes
 from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
-from bench.analysis import BASELINE, TORCH, WEIR, Point, Raw, raw_best, select
+from bench.analysis import BASELINE, TORCH, TORCHSERVE, WEIR, Point, Raw, raw_best, select
 from bench.variants import Runtime, served_name
 
 # The raw limit is drawn when within this factor of the best server's req/s.
@@ -21,6 +21,7 @@ OFF_SCALE = 10.0
 STYLES = {
     (WEIR, TORCH): ("tab:blue", "o", "weir torch"),
     (BASELINE, TORCH): ("tab:orange", "s", "baseline"),
+    (TORCHSERVE, TORCH): ("tab:red", "D", "torchserve"),
     (WEIR, Runtime.ONNXRUNTIME.value): ("tab:green", "^", "weir onnxruntime"),
     (WEIR, Runtime.OPENVINO.value): ("tab:purple", "v", "weir openvino"),
 }

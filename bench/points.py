@@ -7,7 +7,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.analysis import TORCH, WEIR, Point
+from bench.analysis import BASELINE, TORCH, WEIR, Point
 from bench.cpu import CpuMark
 from bench.servers import ServerProcess, batch_counts, http_post
 from bench.variants import served_name
@@ -43,7 +43,7 @@ class Contender:
     runtime: str = TORCH
 
     def url(self, model: str) -> str:
-        return f"{self.server.url}/v2/models/{served_name(model, self.runtime)}/infer"
+        return self.server.infer_url(served_name(model, self.runtime))
 
     def label(self, model: str) -> str:
         return f"{self.server.name} {served_name(model, self.runtime)}"
@@ -92,38 +92,53 @@ class PointRunner:
         return [best[c] for c in work.contenders if c in best]
 
     def measure(self, contender: Contender, model: str, concurrency: int, body: Path) -> Point:
-        """Warm up, then one measured run, with Weir's batch counters and others' CPU."""
+        """Warm up, then one measured run, with Weir's batch counters and the CPU spent."""
         url = contender.url(model)
         run_wrk(url, body, concurrency, self.schedule.warmup_s)
         before = self._batch_counts(contender, model)
         mark = self._cpu_mark()
         result = run_wrk(url, body, concurrency, self.schedule.duration_s)
-        other_cpu = mark.others_cores(self._cpu_mark())
+        later = self._cpu_mark()
         after = self._batch_counts(contender, model)
-        batches = after[1] - before[1]
-        mean_batch = (after[0] - before[0]) / batches if batches else 1.0
-        measured = Measured(result, mean_batch, other_cpu)
+        answered = result.requests - result.errors
+        cpu = mark.server_us(later, contender.server.pid, answered)
+        measured = Measured(result, mean_batch(before, after), mark.others_cores(later), cpu)
         point = to_point(contender, model, concurrency, measured)
         logger.info("%s", point)
         return point
 
-    def _batch_counts(self, contender: Contender, model: str) -> tuple[int, int]:
-        # The baseline runs every request alone: (0, 0) reads as a mean batch of 1.
-        if contender.server.name != WEIR:
+    def _batch_counts(self, contender: Contender, model: str) -> tuple[int, int] | None:
+        """Weir's counters; the baseline runs every request alone; None: not known."""
+        if contender.server.name == BASELINE:
             return (0, 0)
+        if contender.server.name != WEIR:
+            return None  # TorchServe reports no batch sizes
         return batch_counts(contender.server, served_name(model, contender.runtime))
 
     def _cpu_mark(self) -> CpuMark:
         return CpuMark.now([server.pid for server in self.servers])
 
 
+def mean_batch(before: tuple[int, int] | None, after: tuple[int, int] | None) -> float:
+    """Rows per batch between two (inference, execution) counts; 1 if none ran, 0 if unknown."""
+    if before is None or after is None:
+        return 0.0
+    batches = after[1] - before[1]
+    return (after[0] - before[0]) / batches if batches else 1.0
+
+
 @dataclass(frozen=True)
 class Measured:
-    """What one measured run gave: wrk's result, Weir's mean batch, others' CPU in cores."""
+    """What one measured run gave, beside wrk's result.
+
+    The mean batch (0: not known), others' CPU in cores, and the server's CPU µs per
+    answered request by process role.
+    """
 
     result: WrkResult
     mean_batch: float
     other_cpu: float
+    cpu_us_per_request: dict[str, float]
 
 
 def to_point(contender: Contender, model: str, concurrency: int, measured: Measured) -> Point:
@@ -146,6 +161,7 @@ def to_point(contender: Contender, model: str, concurrency: int, measured: Measu
         errors=result.errors,
         other_cpu=measured.other_cpu,
         runtime=str(contender.runtime),  # a plain string in the record, not the enum
+        cpu_us_per_request=measured.cpu_us_per_request,
     )
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from bench.analysis import (
     BASELINE,
     TORCH,
+    TORCHSERVE,
     WEIR,
     Point,
     Raw,
@@ -19,6 +20,7 @@ from bench.analysis import (
     runtimes_served,
     select,
 )
+from bench.peer_report import cpu_table, peer_table
 from bench.variants import served_name
 
 # (model, runtime) pairs, in the order the tables list them.
@@ -38,6 +40,8 @@ def _table(header: list[str], rows: list[list[Any]]) -> list[str]:
 
 
 def _point_row(p: Point, raw: Raw) -> list[Any]:
+    # A mean batch of 0 is one the server does not report (TorchServe): no goal from it.
+    known = p.mean_batch > 0
     return [
         p.model,
         p.server,
@@ -47,8 +51,8 @@ def _point_row(p: Point, raw: Raw) -> list[Any]:
         f"{p.p50_ms:.2f}",
         f"{p.p90_ms:.2f}",
         f"{p.p99_ms:.2f}",
-        f"{p99_bound_ms(p, raw):.2f}",
-        f"{p.mean_batch:.1f}",
+        f"{p99_bound_ms(p, raw):.2f}" if known else "-",
+        f"{p.mean_batch:.1f}" if known else "-",
         p.errors,
         f"{p.other_cpu:.2f}",
     ]
@@ -59,12 +63,12 @@ def _models(served: Served) -> list[str]:
 
 
 def points_table(points: list[Point], raw: Raw, served: Served) -> list[str]:
-    """Every point: per model the baseline, then Weir through each runtime."""
+    """Every point: per model the peers (baseline, TorchServe), then Weir through each runtime."""
     header = ["model", "server", "runtime", "concurrency", "req/s", "p50 ms", "p90 ms"]
     header += ["p99 ms", "p99 goal ms", "mean batch", "errors", "others' CPU"]
     rows = []
     for model in _models(served):
-        chosen = select(points, BASELINE, model)
+        chosen = select(points, BASELINE, model) + select(points, TORCHSERVE, model)
         chosen += [p for m, r in served if m == model for p in select(points, WEIR, model, r)]
         rows += [_point_row(p, raw) for p in chosen]
     return _table(header, rows)
@@ -122,7 +126,7 @@ def _ratio_row(points: list[Point], raw: Raw, model: str) -> list[Any]:
         f"{r['baseline_peak']:.0f}",
         f"{r['raw_best']:.0f} ({r['raw_best_batch']:.0f})",
         f"{r['raw_max_batch']:.0f}",
-        f"{r['weir_over_baseline']:.2f}x",
+        f"{r['weir_over_baseline']:.2f}x" if r["baseline_peak"] else "-",
         f"{r['weir_over_raw_best']:.0%}",
         f"{r['weir_over_raw_max_batch']:.0%}",
     ]
@@ -186,9 +190,16 @@ def markdown(record: dict[str, Any], points: list[Point], found: list[Target]) -
     ]
     if torch_models:
         lines += [*ratio_table(points, raw, torch_models), ""]
+    peers = peer_table(points, torch_models)
+    if peers:
+        lines += ["Weir against TorchServe (torch, the same bodies, alternating rounds):", ""]
+        lines += [*peers, ""]
+    lines += [*points_table(points, raw, served), ""]
+    cpu = cpu_table(points)
+    if cpu:
+        lines += ["CPU time per answered request, µs, by process of the server (`/proc`):", ""]
+        lines += [*cpu, ""]
     lines += [
-        *points_table(points, raw, served),
-        "",
         *memory_lines(record["memory"]),
         "",
         *target_table(found),

@@ -1,11 +1,12 @@
-"""``make bench``: the raw limit, a naive baseline and Weir, measured in one run.
+"""``make bench``: the raw limit, Weir and its peers (a naive baseline, TorchServe), one run.
 
 For each model and runtime (torch, and ONNX Runtime and OpenVINO for the models that have
 them): the raw limit (the runtime alone, in a subprocess) at batch sizes 1 to 64; then, at
-each concurrency, a closed-loop wrk run against the naive FastAPI baseline (torch only) and
-against Weir (``weir up``) through each runtime, with the same body, each after a warm-up run.
-Weir's mean batch size per point comes from its statistics endpoint; its memory from the
-``weir up`` process tree. Writes ``<out>/<timestamp>.json``, ``<out>/latest.md`` and
+each concurrency, a closed-loop wrk run against each peer (``--peers``: the naive FastAPI
+baseline and TorchServe, torch only) and against Weir (``weir up``) through each runtime,
+with the same body, each after a warm-up run. Weir's mean batch size per point comes from
+its statistics endpoint; every server's CPU per request, by process, from ``/proc``; Weir's
+memory from the ``weir up`` process tree. Writes ``<out>/<timestamp>.json``, ``<out>/latest.md`` and
 ``<out>/latest.png`` and prints the tables.
 """
 
@@ -23,11 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.analysis import Point, fastest, targets
+from bench.analysis import BASELINE, TORCHSERVE, Point, fastest, targets
 from bench.machine import load_average, machine_info, timestamp
 from bench.memory import MIB, PeakRss
+from bench.peers import DEFAULT_PEERS, PeerFactory, parse_peers, prepare_peers
 from bench.points import Contender, PointRunner, Schedule, Workload
-from bench.servers import ROOT, ServerProcess, baseline_server, weir_server
+from bench.servers import ROOT, ServerProcess, weir_server
 from bench.variants import RUNTIMES, Runtime, Variant, parse_runtimes, plan
 from bench.workload import bench_repository, weights_bytes, write_body
 from bench.wrk import ensure_wrk
@@ -57,6 +59,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help=f"comma-separated (default {RUNTIME_NAMES}); ONNX Runtime and OpenVINO serve "
         "wide_mlp and bert_mini; the baseline runs with torch",
     )
+    parser.add_argument(
+        "--peers",
+        type=_peers,
+        default=DEFAULT_PEERS,
+        help=f"comma-separated servers Weir is measured against, torch only (default "
+        f"{DEFAULT_PEERS}; none: Weir alone)",
+    )
     parser.add_argument("--raw-s", type=float, default=1.0, help="timed seconds per batch size")
     parser.add_argument("--repository", type=Path, default=ROOT / "examples" / "models")
     parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
@@ -66,6 +75,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def _runtimes(text: str) -> list[Runtime]:
     try:
         return parse_runtimes(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _peers(text: str) -> list[str]:
+    try:
+        return parse_peers(text)
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
@@ -97,20 +113,28 @@ def schedule(args: argparse.Namespace) -> Schedule:
 
 
 class Servers:
-    """The servers of one run: Weir always, the naive baseline when torch is measured."""
+    """The servers of one run: Weir always; the baseline and TorchServe when torch is measured."""
 
-    def __init__(self, weir: ServerProcess, baseline: ServerProcess | None) -> None:
+    def __init__(
+        self,
+        weir: ServerProcess,
+        baseline: ServerProcess | None,
+        torchserve: ServerProcess | None = None,
+    ) -> None:
         self.weir = weir
         self.baseline = baseline
+        self.torchserve = torchserve
 
     @property
     def all(self) -> list[ServerProcess]:
-        return [s for s in (self.baseline, self.weir) if s is not None]
+        return [s for s in (self.baseline, self.weir, self.torchserve) if s is not None]
 
     def contenders(self, runtime: Runtime) -> list[Contender]:
-        if runtime == Runtime.TORCH and self.baseline is not None:
-            return [Contender(self.baseline, runtime), Contender(self.weir, runtime)]
-        return [Contender(self.weir, runtime)]
+        """Who serves a model through ``runtime``, in the order a round measures them."""
+        if runtime != Runtime.TORCH:
+            return [Contender(self.weir, runtime)]
+        chosen = (self.baseline, self.weir, self.torchserve)
+        return [Contender(server, runtime) for server in chosen if server is not None]
 
 
 def workloads(
@@ -129,19 +153,28 @@ def workloads(
     return work
 
 
+def make_servers(
+    args: argparse.Namespace, peers: PeerFactory, threads: int, worker_total: int
+) -> Servers:
+    """Weir, and the peers asked for when torch is measured (they serve torch only)."""
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    weir = weir_server(peers.repository, free_port(), args.out / "logs" / "weir.log")
+    if Runtime.TORCH not in args.runtimes:
+        return Servers(weir, None)
+    baseline = peers.baseline(threads) if BASELINE in args.peers else None
+    torchserve = peers.torchserve(worker_total) if TORCHSERVE in args.peers else None
+    return Servers(weir, baseline, torchserve)
+
+
 def serve_and_measure(
-    args: argparse.Namespace, repository: Path, threads: int, work: Path
+    args: argparse.Namespace, peers: PeerFactory, threads: tuple[int, int], work: Path
 ) -> tuple[list[Point], PeakRss]:
+    """Every point; ``threads``: a Weir worker's torch threads setting, and their number."""
     models = args.models.split(",")
     variants = plan(models, args.runtimes)
     # The torch model's body: every variant takes the same tensors.
     bodies = {m: write_body(args.repository, m, work / f"{m}.json") for m in models}
-    logs = args.out / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    baseline = None
-    if Runtime.TORCH in args.runtimes:
-        baseline = baseline_server(repository, free_port(), threads, logs / "baseline.log")
-    servers = Servers(weir_server(repository, free_port(), logs / "weir.log"), baseline)
+    servers = make_servers(args, peers, *threads)
     with contextlib.ExitStack() as stack:
         for server in servers.all:
             stack.callback(server.stop)
@@ -169,6 +202,8 @@ def prepare(args: argparse.Namespace) -> dict[str, Any]:
     """Check the tools and models; the machine's description, with its load before the run."""
     ensure_wrk()
     ensure_models(args.repository, args.models.split(","))
+    if Runtime.TORCH in args.runtimes:
+        prepare_peers(args.peers)
     machine = machine_info()
     if machine["load_avg_start"][0] > 0.5:
         load = machine["load_avg_start"]
@@ -189,7 +224,9 @@ def measure_all(args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, 
         )
         logger.info("raw limit of %s, threads %s", ", ".join(names), threads or "default")
         raw_before = measure_raw(repository, names, threads, args.raw_s)
-        points, rss = serve_and_measure(args, repository, threads, Path(work))
+        peers = PeerFactory(repository, args.models.split(","), args.out)
+        worker_total = int(raw_before["threads"])
+        points, rss = serve_and_measure(args, peers, (threads, worker_total), Path(work))
         logger.info("raw limit again, after the servers")
         raw_after = measure_raw(repository, names, threads, args.raw_s)
         memory = memory_record(rss, repository, args.runtimes)
@@ -207,6 +244,7 @@ def measure_all(args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, 
         "raw": raw,
         "points": [asdict(p) for p in points],
         "memory": memory,
+        "peers": peers.record,
     }
 
 

@@ -1,14 +1,16 @@
-"""The two servers under test as child processes: start, wait until ready, ask, stop.
+"""The servers under test as child processes: start, wait until ready, ask, stop.
 
 Each runs in its own session with its output in a log file. Stopping sends SIGTERM to the
-top process (``weir up`` stops its own children in order), then kills, by PID, whatever of
-the process tree seen before the signal is still alive.
+top process (``weir up`` stops its own children in order; a peer may pick another, see
+:meth:`ServerProcess.signal_stop`), then kills, by PID, whatever of the process tree seen
+before the signal is still alive.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import subprocess
 import sys
@@ -50,18 +52,36 @@ def http_post(url: str, body: bytes, timeout_s: float = 60.0) -> tuple[int, byte
 
 
 class ServerProcess:
-    """One server under test: its command line, port and log file."""
+    """One server under test: its command line, port and log file.
 
-    def __init__(self, name: str, command: list[str], port: int, log_path: Path) -> None:
+    ``env``: the environment's changes for it; ``cwd``: where it runs (the checkout's root
+    unless said).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        command: list[str],
+        port: int,
+        log_path: Path,
+        env: dict[str, str] | None = None,
+        cwd: Path = ROOT,
+    ) -> None:
         self.name = name
         self.command = command
         self.port = port
         self.log_path = log_path
+        self.env = env or {}
+        self.cwd = cwd
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    def infer_url(self, model: str) -> str:
+        """Where a KServe v2 JSON body for ``model`` is POSTed."""
+        return f"{self.url}/v2/models/{model}/infer"
 
     @property
     def pid(self) -> int:
@@ -74,7 +94,8 @@ class ServerProcess:
         with self.log_path.open("wb") as log:
             self.process = subprocess.Popen(
                 self.command,
-                cwd=ROOT,
+                cwd=self.cwd,
+                env={**os.environ, **self.env},
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
@@ -82,15 +103,18 @@ class ServerProcess:
         return self
 
     def wait_ready(self, timeout_s: float = 180.0) -> None:
-        """Return once GET /v2/health/ready answers 200; RuntimeError if it exits or stalls."""
+        """Return once :meth:`is_ready`; RuntimeError if it exits or stalls."""
         deadline = time.monotonic() + timeout_s
-        while http_get(f"{self.url}/v2/health/ready", 2.0)[0] != 200:
+        while not self.is_ready():
             if self.process is None or self.process.poll() is not None:
                 raise RuntimeError(f"{self.name} exited before ready:\n{self.log_tail()}")
             if time.monotonic() > deadline:
                 raise RuntimeError(f"{self.name} not ready after {timeout_s} s:\n{self.log_tail()}")
             time.sleep(0.2)
         logger.info("%s is ready on %s", self.name, self.url)
+
+    def is_ready(self) -> bool:
+        return http_get(f"{self.url}/v2/health/ready", 2.0)[0] == 200
 
     def log_tail(self, lines: int = 30) -> str:
         return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
@@ -99,7 +123,7 @@ class ServerProcess:
         if self.process is None or self.process.poll() is not None:
             return
         tree = process_tree(self.process.pid)
-        self.process.send_signal(signal.SIGTERM)
+        self.signal_stop(tree)
         try:
             self.process.wait(timeout_s)
         except subprocess.TimeoutExpired:
@@ -110,6 +134,12 @@ class ServerProcess:
             leftover.kill()
         psutil.wait_procs(alive, timeout=5)
         logger.info("stopped %s", self.name)
+
+    def signal_stop(self, tree: list[psutil.Process]) -> None:
+        """Ask the server to stop: SIGTERM to its top process, which stops the rest."""
+        del tree  # the top process knows its children
+        if self.process is not None:
+            self.process.send_signal(signal.SIGTERM)
 
 
 def process_tree(pid: int) -> list[psutil.Process]:
