@@ -69,3 +69,28 @@ def is_cancelled() -> bool:
     """Whether nobody waits for the running batch any more (False outside a batch)."""
     wait = _CURRENT.get()
     return wait is not None and wait.is_cancelled()
+
+
+def sort_requests(
+    requests: list[InferRequest], now_ms: float, is_canceled: Callable[[str], bool]
+) -> tuple[list[InferRequest], list[InferRequest], list[InferRequest]]:
+    """A batch's requests to run, those past their deadline, and those nobody waits for.
+
+    The cancelled are dropped without a reply (their client left); the expired answered
+    with Triton's timeout error.
+    """
+    live: list[InferRequest] = []
+    expired: list[InferRequest] = []
+    canceled: list[InferRequest] = []
+    for request in requests:
+        if request.deadline_ms <= now_ms:
+            expired.append(request)
+        elif is_canceled(request.id):
+            canceled.append(request)
+        else:
+            live.append(request)
+    return live, expired, canceled
+
+
+def never(_: str) -> bool:
+    return False

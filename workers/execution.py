@@ -31,7 +31,7 @@ from weir.errors import DeadlineExceeded, ServerError, WeirError
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest, now_ns
 from workers.backends.base import ModelBackend
-from workers.batch_wait import BatchWait, running
+from workers.batch_wait import BatchWait, never, running
 
 logger = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ class BatchRunner:
         self.backend = backend
         self.batches = config.max_batch_size > 0
         self.isolation_runs = isolation_runs
-        self.is_canceled: Callable[[str], bool] = _never  # the batch being run's
+        self.is_canceled: Callable[[str], bool] = never  # the batch being run's
 
     def run(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[int]]:
         """One reply per request, in order, and the batch size of each backend call made.
@@ -78,7 +78,7 @@ class BatchRunner:
 
         Called in an executor thread. ``is_canceled``: whether a request's client left.
         """
-        self.is_canceled = is_canceled or _never
+        self.is_canceled = is_canceled or never
         replies: list[InferReply] = []
         executions: list[Execution] = []
         budget = [self.isolation_runs]  # extra calls left to find failing members
@@ -196,10 +196,6 @@ class BatchRunner:
                 f"config says {spec.datatype}"
             )
         return Tensor.from_numpy(array, spec.datatype)
-
-
-def _never(_: str) -> bool:
-    return False
 
 
 def short_message(exc: Exception) -> str:

@@ -28,6 +28,7 @@ from weir.repository import ModelEntry
 from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply, InferRequest
+from workers.batch_wait import never, sort_requests
 from workers.execution import BatchRunner, Execution
 
 logger = logging.getLogger(__name__)
@@ -98,7 +99,7 @@ class WorkerLane:
         self.queued_key = names.queued_counter(entry.name, version)
         self.dead_stream = names.dead_letter_stream(entry.name, version)
         self.cancel_stream = names.cancel_stream(entry.name, version)
-        self.is_canceled: Callable[[str], bool] = _never  # the worker's cancel watch's
+        self.is_canceled: Callable[[str], bool] = never  # the worker's cancel watch's
         self.reclaimer = Reclaimer(group, settings.reclaim_idle_ms, settings.max_deliveries)
         self.held: set[bytes] = set()  # entries taken and not yet acked
         self.free = asyncio.Semaphore(len(runners))
@@ -199,7 +200,7 @@ class WorkerLane:
 
     def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
         requests = _decode(entry)
-        live, expired, canceled = _sort(requests, time.time() * 1000, self.is_canceled)
+        live, expired, canceled = sort_requests(requests, time.time() * 1000, self.is_canceled)
         outcome = Outcome()
         started = time.perf_counter_ns()
         replies, outcome.executions = runner.run_batch(live, self.is_canceled) if live else ([], [])
@@ -285,31 +286,6 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
-
-
-def _sort(
-    requests: list[InferRequest], now_ms: float, is_canceled: Callable[[str], bool]
-) -> tuple[list[InferRequest], list[InferRequest], list[InferRequest]]:
-    """A batch's requests to run, those past their deadline, and those nobody waits for.
-
-    The cancelled are dropped without a reply (their client left); the expired answered
-    with Triton's timeout error.
-    """
-    live: list[InferRequest] = []
-    expired: list[InferRequest] = []
-    canceled: list[InferRequest] = []
-    for request in requests:
-        if request.deadline_ms <= now_ms:
-            expired.append(request)
-        elif is_canceled(request.id):
-            canceled.append(request)
-        else:
-            live.append(request)
-    return live, expired, canceled
-
-
-def _never(_: str) -> bool:
-    return False
 
 
 def _flat(fields: Mapping[bytes, Arg]) -> list[Arg]:
