@@ -110,8 +110,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
 
     @_answers_errors
     async def ServerReady(self, request: Any, context: Any) -> Any:
-        served = await health.served_now(self.state)
-        return service_pb2.ServerReadyResponse(ready=health.serves_all(self.state, served))
+        state = self.state
+        ready = await health.ready_when(state, functools.partial(health.serves_all, state))
+        return service_pb2.ServerReadyResponse(ready=ready)
 
     @_answers_errors
     async def ModelReady(self, request: Any, context: Any) -> Any:
@@ -121,9 +122,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         except NotFound:
             # As Triton: a model it does not know is not ready, rather than an error.
             return service_pb2.ModelReadyResponse(ready=False)
-        served = await health.served_now(self.state)
-        ready = health.serves_model(self.state, entry, version, served)
-        return service_pb2.ModelReadyResponse(ready=ready)
+        serves = functools.partial(health.serves_model, self.state, entry, version)
+        return service_pb2.ModelReadyResponse(ready=await health.ready_when(self.state, serves))
 
     @_answers_errors
     async def ServerMetadata(self, request: Any, context: Any) -> Any:

@@ -7,6 +7,8 @@ which runs nothing itself: when every one of its steps is served).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -25,19 +27,31 @@ async def served_models(redis: Redis) -> set[tuple[str, str]]:
     return {key for key, count in instances.items() if count > 0}
 
 
-async def served_now(state: GatewayState) -> set[tuple[str, str]]:
+async def served_now(state: GatewayState, max_age_s: float | None = None) -> set[tuple[str, str]]:
     """:func:`served_models`, with an unreachable Redis as Unavailable (503).
 
-    Shared by the probes that ask at about the same time (see gateway.readiness_cache):
-    read the set, never change it.
+    Shared by the probes that ask at about the same time (see gateway.readiness_cache), from
+    a read at most ``max_age_s`` old (``ready_cache_s`` by default): read the set, never
+    change it.
     """
-    read = state.readiness.get(
-        lambda: served_models(state.redis), state.settings.ready_cache_s, state.catalog.generation
-    )
+    age_s = state.settings.ready_cache_s if max_age_s is None else max_age_s
+    read = state.readiness.get(lambda: served_models(state.redis), age_s, state.catalog.generation)
     try:
         return await read
     except RedisError as exc:
         raise Unavailable(f"Redis is unreachable: {exc}") from None
+
+
+async def ready_when(state: GatewayState, check: Callable[[set[tuple[str, str]]], bool]) -> bool:
+    """Whether ``check`` passes on what the live workers serve.
+
+    A recent shared read may say yes; a no is read again (sharing only a read in flight),
+    so a stale answer never keeps a server that just became ready out of its balancer (or
+    one gateway process saying 503 while another says 200).
+    """
+    if check(await served_now(state)):
+        return True
+    return check(await served_now(state, max_age_s=0.0))
 
 
 def serves_all(state: GatewayState, served: set[tuple[str, str]]) -> bool:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import orjson
@@ -32,8 +33,8 @@ async def live() -> Response:
 @router.get("/v2/health/ready")
 async def ready(request: Request) -> Response:
     state = gateway_state(request)
-    served = await health.served_now(state)
-    return Response(status_code=200 if health.serves_all(state, served) else 503)
+    ready = await health.ready_when(state, functools.partial(health.serves_all, state))
+    return Response(status_code=200 if ready else 503)
 
 
 @router.get("/v2")
@@ -63,8 +64,10 @@ async def model_ready(request: Request, model: str) -> Response:
     version = _path_version(request)
     state = gateway_state(request)
     entry, version = state.repository.resolve(model, version)
-    served = await health.served_now(state)
-    return Response(status_code=200 if health.serves_model(state, entry, version, served) else 503)
+    ready = await health.ready_when(
+        state, functools.partial(health.serves_model, state, entry, version)
+    )
+    return Response(status_code=200 if ready else 503)
 
 
 @router.get("/v2/models/{model}/config", dependencies=INFERENCE)

@@ -9,13 +9,15 @@ headers the handler gave it. Errors are in TorchServe's shape
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from gateway.auth import Scope, check_token
 from gateway.codec import InferBody, RequestedOutput
 from gateway.disconnect import follow
-from gateway.health import served_now, serves_all
+from gateway.health import ready_when, serves_all
 from gateway.inference import execute, read_body
 from gateway.state import GatewayState, gateway_state
 from gateway.torchserve.requests import ts_request
@@ -41,7 +43,7 @@ _NO_WORKER = (
 async def ping(request: Request) -> Response:
     state = gateway_state(request)
     try:
-        healthy = serves_all(state, await served_now(state))
+        healthy = await ready_when(state, functools.partial(serves_all, state))
     except WeirError:
         healthy = False
     return status_response("Healthy" if healthy else "Unhealthy", 200 if healthy else 500)
@@ -116,7 +118,7 @@ async def _check_served(state: GatewayState, entry: ModelEntry, version: str) ->
     ):
         return
     # The control loop's view may be a refresh old: ask the workers' heartbeats themselves.
-    if (entry.name, version) not in await served_now(state):
+    if not await ready_when(state, lambda served: (entry.name, version) in served):
         raise Unavailable(_NO_WORKER.format(model=shown(entry.name)))
 
 
