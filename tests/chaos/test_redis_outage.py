@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 from types import ModuleType
 
+import httpx
 import numpy as np
 import pytest
 import torch
@@ -14,6 +15,11 @@ import torch
 from tests.chaos.helpers import Outcome, Topology, closed_loop, private_repository
 from tests.conftest import wait_until
 from weir.redis_server import RedisServer, free_port
+
+
+def body(row: np.ndarray) -> dict[str, object]:
+    tensor = {"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": row.tolist()}
+    return {"inputs": [tensor]}
 
 
 @pytest.mark.timeout(120)
@@ -44,6 +50,14 @@ def test_redis_outage_gives_503_only_while_down(
             await asyncio.sleep(1.0)
             window["down"] = time.monotonic()
             await asyncio.to_thread(server.halt)
+            # The load's clients may all be waiting on requests Redis took before it went;
+            # a request that comes while it is down must be refused at once either way.
+            sent_s = time.monotonic()
+            probe = await asyncio.to_thread(httpx.post, f"{url}/v2/models/tiny_mlp/infer",
+                                            json=body(rows[0]), timeout=10)  # fmt: skip
+            window["probe"] = time.monotonic() - sent_s
+            assert probe.status_code == 503, probe.text
+            assert probe.headers["retry-after"] == "1"
             await asyncio.sleep(2.0)
             await asyncio.to_thread(server.start)
             window["up"] = time.monotonic()
@@ -58,8 +72,8 @@ def test_redis_outage_gives_503_only_while_down(
               f"answered 200, {sum(o.status == 503 for o in outcomes)} answered 503")  # fmt: skip
         failures = [(o.status, o.error) for o in outcomes if o.status not in (200, 503)]
         assert failures == []
+        assert window["probe"] < 1.0, "a request during the outage waited for Redis"
         unavailable = [o for o in outcomes if o.status == 503]
-        assert unavailable, "no request saw the outage"
         resumed = min(o.sent_s for o in outcomes if o.status == 200 and o.sent_s > window["up"])
         assert resumed - window["up"] < 15, "serving did not resume on its own in time"
         for outcome in unavailable:
