@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 
+from weir import names
 from weir.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -64,6 +65,18 @@ def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.05)
         if time.monotonic() > deadline:
             pytest.fail(f"timed out after {timeout_s} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def wait_queued(mesh: Mesh, count: int, model: str = "tiny_mlp", version: str = "1") -> None:
+    """Wait until ``count`` requests of ``model`` were admitted (its queued counter says so)."""
+    import redis
+
+    client = redis.Redis.from_url(mesh.redis_url)
+    key = names.queued_counter(model, version)
+    try:
+        wait_until(lambda: int(client.get(key) or 0) >= count, 10, f"{count} queued requests")
+    finally:
+        client.close()
 
 
 def http_ready(url: str) -> bool:

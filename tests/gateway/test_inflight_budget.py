@@ -9,10 +9,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from redis import Redis
 
-from tests.conftest import Mesh, private_mesh, wait_until
-from weir import names
+from tests.conftest import Mesh, private_mesh, wait_queued
 
 ROW = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
 
@@ -25,22 +23,12 @@ async def hold_then_overflow(mesh: Mesh, held: int) -> tuple[httpx.Response, lis
         worker.send_signal(signal.SIGSTOP)
         try:
             waiting = [asyncio.ensure_future(client.post(url, json=ROW)) for _ in range(held)]
-            await asyncio.to_thread(queued, mesh, held)  # in the mesh before the next
+            await asyncio.to_thread(wait_queued, mesh, held)  # in the mesh before the next
             extra = await client.post(url, json=ROW)
         finally:
             worker.send_signal(signal.SIGCONT)
         answered = await asyncio.gather(*waiting)
     return extra, [r.status_code for r in answered]
-
-
-def queued(mesh: Mesh, count: int) -> None:
-    """Wait until ``count`` tiny_mlp requests were admitted (the queued counter says so)."""
-    redis = Redis.from_url(mesh.redis_url)
-    key = names.queued_counter("tiny_mlp", "1")
-    try:
-        wait_until(lambda: int(redis.get(key) or 0) >= count, 10, f"{count} queued requests")
-    finally:
-        redis.close()
 
 
 @pytest.mark.parametrize(

@@ -9,23 +9,11 @@ import signal
 from pathlib import Path
 
 import httpx
-from redis import Redis
 
-from tests.conftest import Mesh, private_mesh, wait_until
-from weir import names
+from tests.conftest import Mesh, private_mesh, wait_queued
 
 DEFAULT = 3
 ROW = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data": [1.0] * 64}]}
-
-
-def queued(mesh: Mesh, count: int) -> None:
-    """Wait until ``count`` tiny_mlp requests were admitted (the queued counter says so)."""
-    redis = Redis.from_url(mesh.redis_url)
-    key = names.queued_counter("tiny_mlp", "1")
-    try:
-        wait_until(lambda: int(redis.get(key) or 0) >= count, 10, f"{count} queued requests")
-    finally:
-        redis.close()
 
 
 async def fill_then_overflow(mesh: Mesh) -> tuple[httpx.Response, list[int]]:
@@ -36,7 +24,7 @@ async def fill_then_overflow(mesh: Mesh) -> tuple[httpx.Response, list[int]]:
         worker.send_signal(signal.SIGSTOP)
         try:
             waiting = [asyncio.ensure_future(client.post(url, json=ROW)) for _ in range(DEFAULT)]
-            await asyncio.to_thread(queued, mesh, DEFAULT)
+            await asyncio.to_thread(wait_queued, mesh, DEFAULT)
             extra = await client.post(url, json=ROW)
         finally:
             worker.send_signal(signal.SIGCONT)
