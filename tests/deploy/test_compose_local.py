@@ -1,18 +1,20 @@
 """compose.yaml's topology, run as local processes: what `docker compose up` would start.
 
 No Docker engine runs here, so the test plays compose's part. It reads compose.yaml, takes
-every service that `docker compose up` starts (no profile) except Redis, and runs each one's
-``command`` with its ``environment`` as a local process, the way compose would run it in a
-container: service host names point at 127.0.0.1 (Redis at a private redis-server), bind
-mounts at their host directories, and the gateway's container ports (HTTP, gRPC and
-metrics) at free local ports, so that parallel runs never collide. worker-cpu runs twice, as
-`docker compose up --scale worker-cpu=2` would. The gateway runs once with compose's default
-of one process and once with WEIR_GATEWAY_PROCESSES=2, as the Kubernetes base runs it.
+every service that `docker compose up` starts (no profile) except Redis and the one-shot
+`models`, and runs each one's ``command`` with its ``environment`` as a local process, the
+way compose would run it in a container: service host names point at 127.0.0.1 (Redis at a
+private redis-server), mounts at host directories, and the gateway's container ports (HTTP,
+gRPC and metrics) at free local ports, so that parallel runs never collide. worker-cpu runs
+twice, as `docker compose up --scale worker-cpu=2` would. The gateway runs once with
+compose's default of one process and once with WEIR_GATEWAY_PROCESSES=2, as the Kubernetes
+base runs it.
 
-The model repository mount's source is swapped for a copy of the example repository that
-holds tiny_mlp alone: the example repository keeps growing (BERT, a MiniLM pipeline), and
-two workers loading all of it would be most of this test's time. test_deploy_files checks
-the real source.
+The model repository mount's source, by default the named volume `models` that the one-shot
+fills with every example model, is swapped for a copy of the example repository that holds
+tiny_mlp alone: the example repository keeps growing (BERT, a MiniLM pipeline), and building
+it, or two workers loading all of it, would be most of this test's time. test_compose_file
+checks the real mounts and the one-shot's command.
 """
 
 from __future__ import annotations
@@ -40,12 +42,15 @@ import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.conftest import http_ready, load_build_models, wait_until
-from tests.deploy.test_deploy_files import (
+from tests.deploy.deploy_files import (
     COMPOSE_FILE,
     GRPC_PORT,
     HEALTH_PATHS,
     K8S,
     METRICS_PORT,
+    Mount,
+    compose_mount,
+    compose_mounts,
     duration_s,
     load_compose,
     parse_weir,
@@ -92,15 +97,19 @@ class LocalCompose:
             ("gateway", METRICS_PORT): metrics_port,
             ("gateway", GRPC_PORT): grpc_port,
         }
-        # bind mount source as written in compose.yaml -> the directory to use instead
+        # mount source as written in compose.yaml -> the host directory to use instead
         self.sources = sources or {}
 
     def services(self) -> list[str]:
-        """What `docker compose up` starts, less Redis (the test runs its own)."""
+        """What `docker compose up` starts, less Redis and the one-shot `models`.
+
+        The test runs its own Redis, and supplies its own model repository in place of the
+        volume `models` fills (the real-engine test runs the one-shot itself).
+        """
         return [
             name
             for name, service in self.compose["services"].items()
-            if not service.get("profiles") and name != "redis"
+            if not service.get("profiles") and name not in ("redis", "models")
         ]
 
     def argv(self, service: str) -> list[str]:
@@ -112,22 +121,29 @@ class LocalCompose:
         spec = self.compose["services"][service]
         env = {k: v for k, v in os.environ.items() if not k.startswith("WEIR_")}
         for key, value in spec["environment"].items():
-            env[key] = self._localize(service, key, str(value), spec.get("volumes", []))
+            env[key] = self._localize(service, key, str(value))
         return env
 
-    def _localize(self, service: str, key: str, value: str, volumes: list[Any]) -> str:
+    def _localize(self, service: str, key: str, value: str) -> str:
         url = urlsplit(value)
         if url.hostname in self.compose["services"] and url.port is not None:
             local = self.ports[(url.hostname, url.port)]
             return urlunsplit(url._replace(netloc=f"127.0.0.1:{local}"))
-        for mount in volumes:
-            if isinstance(mount, dict) and value == mount["target"]:
-                return str(self.sources.get(mount["source"], ROOT / mount["source"]).resolve())
+        for mount in compose_mounts(self.compose, service):
+            if value == mount.target:
+                return str(self._host_path(mount))
         if key.endswith("_HOST") and value == "0.0.0.0":
             return "127.0.0.1"  # loopback only: the test serves nothing beyond this machine
         if key.endswith("_PORT") and (service, int(value)) in self.ports:
             return str(self.ports[(service, int(value))])
         return value
+
+    def _host_path(self, mount: Mount) -> Path:
+        """Where a mount's files are on this host: a swapped-in source, or the bind's path."""
+        if mount.source in self.sources:
+            return self.sources[mount.source].resolve()
+        assert not mount.named, f"volume {mount.source} has no host directory: supply one"
+        return (ROOT / mount.source).resolve()
 
     def healthcheck(self, service: str) -> list[str]:
         test = self.compose["services"][service]["healthcheck"]["test"]
@@ -231,11 +247,11 @@ def test_compose_services_as_local_processes_serve_correct_inferences_with_two_c
 ) -> None:
     shell = {} if gateway_processes is None else {"WEIR_GATEWAY_PROCESSES": gateway_processes}
     compose = load_compose(shell)
-    mount = next(
-        v for v in compose["services"]["worker-cpu"]["volumes"] if v["target"] == "/models"
-    )
-    assert (ROOT / mount["source"]).resolve() == EXAMPLES
-    sources = {mount["source"]: tiny_repository(tmp_path / "models")}
+    # By default the services read the named volume that the one-shot `models` fills with the
+    # whole example repository; the test swaps in its tiny repository for that volume.
+    mount = compose_mount(compose, "worker-cpu", "/models")
+    assert mount == Mount("models", "/models", read_only=True, named=True)
+    sources = {mount.source: tiny_repository(tmp_path / "models")}
     # A private Redis: the session's may carry another mesh's streams for the same models.
     with RedisServer() as server:
         local = LocalCompose(compose, server.port, free_port(), free_port(), free_port(), sources)
