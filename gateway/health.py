@@ -47,8 +47,11 @@ async def ready_when(state: GatewayState, check: Callable[[set[tuple[str, str]]]
 
     A recent shared read may say yes; a no is read again (sharing only a read in flight),
     so a stale answer never keeps a server that just became ready out of its balancer (or
-    one gateway process saying 503 while another says 200).
+    one gateway process saying 503 while another says 200). A gateway whose reply reader
+    is failing is ready for nothing: no answer could reach it.
     """
+    if state.mesh.reader_failure is not None:
+        return False
     if check(await served_now(state)):
         return True
     return check(await served_now(state, max_age_s=0.0))

@@ -25,7 +25,14 @@ from gateway.codec import InferBody, check_parameter_size
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
-from weir.errors import DeadlineExceeded, InvalidInput, NotFound, Unavailable, WeirError
+from weir.errors import (
+    DeadlineExceeded,
+    InvalidInput,
+    NotFound,
+    ServerError,
+    Unavailable,
+    WeirError,
+)
 from weir.link import Link, raise_errors
 from weir.repository import ModelEntry
 from weir.settings import GatewaySettings
@@ -58,6 +65,8 @@ class MeshClient:
         self.reply_link = Link(settings.redis_url, settings.redis_timeout_s)
         self._ids = itertools.count()
         self.canceller = Canceller(self.admission.link)
+        # Why the last reply read failed; None once one succeeds (see read_replies).
+        self.reader_failure: str | None = None
 
     @property
     def router(self) -> Router:
@@ -194,17 +203,28 @@ class MeshClient:
             raise _refusal(request, admitted, limit, self.admission.memory, settings.retry_after_s)
 
     async def read_replies(self) -> None:
-        """The reader task: runs for the gateway's life."""
+        """The reader task: runs for the gateway's life, whatever a read raises.
+
+        A read that fails (Redis unreachable, the stream key replaced, anything else) is
+        retried after ``RETRY_READ_S``; until a read succeeds again, :attr:`reader_failure`
+        says why and the gateway is not ready (gateway.health), since no reply can reach it.
+        """
         last_id = b"0-0"
         while True:
             try:
                 last_id = await self._read_once(last_id)
-                # Let the requests just answered send their responses before the next read
-                # is packed and sent: that read can wait, they are the latency.
-                await asyncio.sleep(0)
-            except RedisError as exc:
-                logger.warning("reading replies failed, retrying: %s", exc)
+            except Exception as exc:  # the reader outlives anything a read raises
+                self.reader_failure = f"the reply reader failed: {type(exc).__name__}: {exc}"
+                if isinstance(exc, RedisError):
+                    logger.warning("reading replies failed, retrying: %s", exc)
+                else:
+                    logger.exception("reading replies failed, retrying")
                 await asyncio.sleep(RETRY_READ_S)
+                continue
+            self.reader_failure = None
+            # Let the requests just answered send their responses before the next read
+            # is packed and sent: that read can wait, they are the latency.
+            await asyncio.sleep(0)
 
     async def _read_once(self, last_id: bytes) -> bytes:
         stream = self.reply_stream
@@ -218,10 +238,24 @@ class MeshClient:
         )
         for _, entries in result or []:
             for entry_id, fields in entries:
-                for payload in wire.decode_batch(wire.flat_field(fields, wire.PAYLOAD)):
-                    self._resolve(payload)
+                self._read_entry(entry_id, fields)
                 last_id = entry_id
         return last_id
+
+    def _read_entry(self, entry_id: bytes, fields: list[bytes]) -> None:
+        """Resolve the replies of one entry; log and skip what is not a reply."""
+        try:
+            payloads = wire.decode_batch(wire.flat_field(fields, wire.PAYLOAD))
+        except Exception as exc:  # anything can be written to a stream
+            logger.error("skipped reply entry %r: %s: %s", entry_id, type(exc).__name__, exc)
+            return
+        for payload in payloads:
+            try:
+                self._resolve(payload)
+            except Exception as exc:
+                name = type(exc).__name__
+                logger.error("skipped a reply in entry %r: %s: %s", entry_id, name, exc)
+                self._fail_malformed(payload, exc)
 
     def _resolve(self, payload: bytes) -> None:
         reply = InferReply.decode(payload)
@@ -229,6 +263,14 @@ class MeshClient:
         future = self.waiting.get(reply.id)
         if future is not None and not future.done():
             future.set_result(reply)
+
+    def _fail_malformed(self, payload: object, exc: Exception) -> None:
+        """Answer a malformed reply's request, when its id names one, with a 500 at once."""
+        request_id = wire.reply_id(payload)
+        future = self.waiting.get(request_id) if request_id is not None else None
+        if future is not None and not future.done():
+            message = f"the mesh sent a malformed reply: {type(exc).__name__}: {exc}"
+            future.set_exception(ServerError(message))
 
     async def close(self) -> None:
         await self.canceller.drain()

@@ -143,6 +143,16 @@ class InferReply:
         )
 
 
+def reply_id(raw: object) -> str | None:
+    """The request id an encoded reply names, if it names one, however malformed the rest."""
+    try:
+        message = _unpack(raw) if isinstance(raw, bytes) else None
+    except Exception:  # malformed is what this is for
+        return None
+    request_id = message.get("id") if isinstance(message, dict) else None
+    return request_id if isinstance(request_id, str) else None
+
+
 def request_fields(request: InferRequest, batch: int, level: int = 0) -> dict[bytes, bytes]:
     """A request stream entry: the payload plus what the batcher reads without decoding."""
     fields = {
