@@ -30,7 +30,8 @@ models: install
 up: models
 	$(BIN)/weir up --http-port $(HTTP_PORT)
 
-test: models
+# Lint first: the style holds in every run, CI's included, without anyone checking by hand.
+test: lint models
 	$(BIN)/python -m pytest
 
 # The benchmark (bench/README.md): raw torch, Weir and its peers (a naive FastAPI baseline,
