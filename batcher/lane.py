@@ -25,12 +25,12 @@ from weir import names, wire
 from weir.errors import DeadlineExceeded
 from weir.link import Command, Link
 from weir.repository import ModelEntry
+from weir.retry import RetryWait
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply
 
 logger = logging.getLogger(__name__)
 
-RETRY_SEND_S = 0.5
 MAX_UNACKED_CREDITS = 256
 
 
@@ -69,6 +69,7 @@ class BatcherLane:
         self.is_canceled = is_canceled or _never
         self.dropped: list[Queued] = []  # cancelled: to ack with the next send
         self.recheck = False  # a cancel notice came: look through the queue
+        self.send_retry = RetryWait()  # after a send Redis refused
 
     def noticed(self) -> None:
         """A cancel notice for this lane came: drop what it names at the next turn."""
@@ -209,8 +210,9 @@ class BatcherLane:
             self.queue.restore([*batch, *expired])
             self.credit_ids[:0] = credit_ids
             self.sending = set()
-            await asyncio.sleep(RETRY_SEND_S)
+            await self.send_retry.failed()
             return
+        self.send_retry.succeeded()
         self.sending = set()
         if batch:
             self.credits -= 1

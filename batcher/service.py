@@ -34,6 +34,7 @@ from weir.link import Link
 from weir.liveness import Heartbeat, live_consumers
 from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry, Repository
+from weir.retry import RetryWait
 from weir.service import Service, TaskSet
 from weir.settings import BatcherSettings
 from weir.streams import Entry, StreamGroup, group_info
@@ -41,8 +42,6 @@ from weir.trim import Trimmer
 from weir.workload import served_instances
 
 logger = logging.getLogger(__name__)
-
-RETRY_READ_S = 0.5
 
 
 class Batcher(Service):
@@ -196,6 +195,7 @@ class Batcher(Service):
         # A read is never cancelled: entries it took are pending on this consumer, so
         # they must reach a lane. Exit waits at most one block_ms.
         next_upkeep = 0.0
+        retry = RetryWait()
         while not self.should_exit.is_set():
             try:
                 if time.monotonic() >= next_upkeep:
@@ -212,8 +212,9 @@ class Batcher(Service):
                 )
             except RedisError as exc:
                 logger.warning("reading requests failed, retrying: %s", exc)
-                await asyncio.sleep(RETRY_READ_S)
+                await retry.failed()
                 continue
+            retry.succeeded()
             self._route(entries)
             if entries:
                 # Let the lanes send what just arrived before the next read is packed and

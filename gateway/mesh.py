@@ -35,12 +35,11 @@ from weir.errors import (
 )
 from weir.link import Link, raise_errors
 from weir.repository import ModelEntry
+from weir.retry import RetryWait
 from weir.settings import GatewaySettings
 from weir.wire import InferReply, InferRequest
 
 logger = logging.getLogger(__name__)
-
-RETRY_READ_S = 0.5
 
 
 class MeshClient:
@@ -206,10 +205,11 @@ class MeshClient:
         """The reader task: runs for the gateway's life, whatever a read raises.
 
         A read that fails (Redis unreachable, the stream key replaced, anything else) is
-        retried after ``RETRY_READ_S``; until a read succeeds again, :attr:`reader_failure`
+        retried after a backoff (weir.retry); until a read succeeds again, :attr:`reader_failure`
         says why and the gateway is not ready (gateway.health), since no reply can reach it.
         """
         last_id = b"0-0"
+        retry = RetryWait()
         while True:
             try:
                 last_id = await self._read_once(last_id)
@@ -219,8 +219,9 @@ class MeshClient:
                     logger.warning("reading replies failed, retrying: %s", exc)
                 else:
                     logger.exception("reading replies failed, retrying")
-                await asyncio.sleep(RETRY_READ_S)
+                await retry.failed()
                 continue
+            retry.succeeded()
             self.reader_failure = None
             # Let the requests just answered send their responses before the next read
             # is packed and sent: that read can wait, they are the latency.

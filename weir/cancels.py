@@ -22,6 +22,7 @@ from collections.abc import Callable
 from redis.exceptions import RedisError, ResponseError
 
 from weir.link import Arg, Command, Link
+from weir.retry import RetryWait
 
 logger = logging.getLogger(__name__)
 
@@ -29,7 +30,6 @@ IDS = b"ids"  # the cancelled request ids, space-separated
 UNTIL = b"until"  # unix ms after which the notice no longer matters (the latest deadline)
 NOTICE_MAXLEN = 10_000  # notices kept per stream (each names one or many requests)
 READ_COUNT = 1000
-RETRY_S = 0.5
 
 
 def notice(stream: str, ids: list[str], until_ms: int) -> Command:
@@ -78,6 +78,7 @@ class CancelWatch:
 
     async def run(self, should_exit: asyncio.Event) -> None:
         """Read notices until told to exit (a read ends within ``block_ms``)."""
+        retry = RetryWait()
         while not should_exit.is_set():
             streams = self._streams
             if not streams:
@@ -88,7 +89,9 @@ class CancelWatch:
                 await self._read(streams)
             except RedisError as exc:
                 logger.warning("reading cancel notices failed, retrying: %s", exc)
-                await asyncio.sleep(RETRY_S)
+                await retry.failed()
+                continue
+            retry.succeeded()
 
     async def _read(self, streams: list[str]) -> None:
         starts = [self._last.get(stream, b"0-0") for stream in streams]

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.retry import Retry
-from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from weir import retry
 
 DEFAULT_MAX_CONNECTIONS = 64
 POOL_WAIT_S = 10.0
@@ -19,13 +20,13 @@ POOL_WAIT_S = 10.0
 
 def connect(url: str, *, retries: int = 5, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Redis:
     """A client for ``url`` that retries connection failures with exponential backoff."""
-    # The backoff's cap keeps a reconnecting service's attempts no more than 2 s apart.
+    # weir.retry's backoff: a reconnecting service's attempts stay about a second apart.
     pool = BlockingConnectionPool.from_url(
         url,
         max_connections=max_connections,
         timeout=POOL_WAIT_S,
         decode_responses=False,
-        retry=Retry(ExponentialBackoff(cap=2.0, base=0.05), retries),
+        retry=Retry(retry.backoff(), retries),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
         health_check_interval=30,
     )

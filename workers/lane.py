@@ -25,6 +25,7 @@ from weir.errors import DeadlineExceeded, ServerError, WeirError
 from weir.link import Arg, Command, Link
 from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry
+from weir.retry import RetryWait
 from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply, InferRequest
@@ -33,7 +34,6 @@ from workers.execution import BatchRunner, Execution
 
 logger = logging.getLogger(__name__)
 
-RETRY_S = 0.5
 
 # KEYS: the statistics hash. ARGV: the batch's last_inference (unix ms, 0 for none), then
 # field, increment, field, increment ... last_inference only ever moves forward.
@@ -119,6 +119,7 @@ class WorkerLane:
         """Take batches while instances are free, until told to exit."""
         next_reclaim = 0.0
         pending_after: bytes | None = b"0"
+        retry = RetryWait()
         while not should_exit.is_set():
             slots = await self._take_free_slots()
             try:
@@ -138,7 +139,9 @@ class WorkerLane:
             except RedisError as exc:
                 logger.warning("reading batches of %s failed, retrying: %s", self.label, exc)
                 entries = []
-                await asyncio.sleep(RETRY_S)
+                await retry.failed()
+            else:
+                retry.succeeded()
             for entry in entries:
                 self.held.add(entry.id)
                 self.queue.put_nowait(entry)
@@ -225,6 +228,7 @@ class WorkerLane:
         self, entry_id: bytes, outcome: Outcome, dead: tuple[bytes, ...] | None = None
     ) -> None:
         """Write a batch's effects and ack it in one transaction, retrying while Redis is down."""
+        retry = RetryWait()
         while True:
             try:
                 if outcome.routed:
@@ -239,7 +243,7 @@ class WorkerLane:
                 return
             except RedisError as exc:
                 logger.warning("writing replies of %s failed, retrying: %s", self.label, exc)
-                await asyncio.sleep(RETRY_S)
+                await retry.failed()
 
     def _effects(self, entry_id: bytes, outcome: Outcome) -> list[Command]:
         maxlen = ("MAXLEN", "~", self.settings.reply_maxlen)
