@@ -26,6 +26,7 @@ from typing import Any
 import httptools
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
+from gateway.coalesced_writes import CoalescedWrites
 from gateway.disconnect import SCOPE_KEY, Disconnect
 
 REASONS = {
@@ -65,6 +66,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        # Every write of the connection, the app's responses and the protocol's own, goes
+        # through it: a response's head and body leave in one send.
+        self.transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "the gateway holds its most connections; retry later")
             return
