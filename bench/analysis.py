@@ -41,6 +41,8 @@ class Point:
     runtime: str = TORCH  # what computed the model (the baseline's is always torch)
     # µs of CPU per answered request, by process role of the server (bench.cpu)
     cpu_us_per_request: dict[str, float] = field(default_factory=dict)
+    # Weir's Redis commands, bytes and time per answered request (bench.redis_cost)
+    redis_per_request: dict[str, float] = field(default_factory=dict)
 
     @property
     def cpu_us_total(self) -> float:

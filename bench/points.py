@@ -7,8 +7,11 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+import redis
+
 from bench.analysis import BASELINE, TORCH, WEIR, Point
 from bench.cpu import CpuMark
+from bench.redis_cost import RedisMark
 from bench.servers import ServerProcess, batch_counts, http_post
 from bench.variants import served_name
 from bench.wrk import WrkResult, run_wrk
@@ -64,6 +67,9 @@ class PointRunner:
     def __init__(self, servers: list[ServerProcess], schedule: Schedule) -> None:
         self.servers = servers
         self.schedule = schedule
+        # Weir's Redis, read before and after each point through one connection per server.
+        urls = [server.redis_url for server in servers if server.redis_url]
+        self.redis = {url: redis.Redis.from_url(url) for url in urls}
 
     def run(self, workloads: list[Workload]) -> list[Point]:
         points = []
@@ -96,13 +102,23 @@ class PointRunner:
         url = contender.url(model)
         run_wrk(url, body, concurrency, self.schedule.warmup_s)
         before = self._batch_counts(contender, model)
+        client = self.redis.get(contender.server.redis_url or "")
+        redis_before = RedisMark.read(client) if client else None
         mark = self._cpu_mark()
         result = run_wrk(url, body, concurrency, self.schedule.duration_s)
         later = self._cpu_mark()
+        redis_after = RedisMark.read(client) if client else None
         after = self._batch_counts(contender, model)
         answered = result.requests - result.errors
         cpu = mark.server_us(later, contender.server.pid, answered)
-        measured = Measured(result, mean_batch(before, after), mark.others_cores(later), cpu)
+        redis_cost = (
+            redis_before.per_request(redis_after, answered)
+            if redis_before is not None and redis_after is not None
+            else {}
+        )
+        measured = Measured(
+            result, mean_batch(before, after), mark.others_cores(later), cpu, redis_cost
+        )
         point = to_point(contender, model, concurrency, measured)
         logger.info("%s", point)
         return point
@@ -131,14 +147,15 @@ def mean_batch(before: tuple[int, int] | None, after: tuple[int, int] | None) ->
 class Measured:
     """What one measured run gave, beside wrk's result.
 
-    The mean batch (0: not known), others' CPU in cores, and the server's CPU µs per
-    answered request by process role.
+    The mean batch (0: not known), others' CPU in cores, the server's CPU µs per
+    answered request by process role, and (Weir) its Redis cost per request.
     """
 
     result: WrkResult
     mean_batch: float
     other_cpu: float
     cpu_us_per_request: dict[str, float]
+    redis_per_request: dict[str, float]
 
 
 def to_point(contender: Contender, model: str, concurrency: int, measured: Measured) -> Point:
@@ -162,6 +179,7 @@ def to_point(contender: Contender, model: str, concurrency: int, measured: Measu
         other_cpu=measured.other_cpu,
         runtime=str(contender.runtime),  # a plain string in the record, not the enum
         cpu_us_per_request=measured.cpu_us_per_request,
+        redis_per_request=measured.redis_per_request,
     )
 
 

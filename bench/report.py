@@ -21,6 +21,7 @@ from bench.analysis import (
     select,
 )
 from bench.peer_report import cpu_table, peer_table
+from bench.redis_cost import redis_table
 from bench.variants import served_name
 
 # (model, runtime) pairs, in the order the tables list them.
@@ -199,6 +200,16 @@ def markdown(record: dict[str, Any], points: list[Point], found: list[Target]) -
     if cpu:
         lines += ["CPU time per answered request, µs, by process of the server (`/proc`):", ""]
         lines += [*cpu, ""]
+    redis_cost = redis_table(points)
+    if redis_cost:
+        lines += [
+            "Weir's Redis cost per answered request (`INFO commandstats`, `INFO stats`), and "
+            "what one Redis core could serve at that cost (1 s over the Redis process's CPU "
+            "µs per request):",
+            "",
+            *redis_cost,
+            "",
+        ]
     lines += [
         *memory_lines(record["memory"]),
         "",

@@ -66,6 +66,7 @@ class ServerProcess:
         log_path: Path,
         env: dict[str, str] | None = None,
         cwd: Path = ROOT,
+        redis_url: str | None = None,
     ) -> None:
         self.name = name
         self.command = command
@@ -73,6 +74,7 @@ class ServerProcess:
         self.log_path = log_path
         self.env = env or {}
         self.cwd = cwd
+        self.redis_url = redis_url  # Weir's Redis, whose counters the bench reads
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -155,7 +157,10 @@ def weir_server(repository: Path, port: int, log_path: Path) -> ServerProcess:
     command = [sys.executable, "-m", "weir.cli", "up", "--http-port", str(port)]
     # gRPC stays on, as users run it, on a free port rather than Triton's 8001.
     command += ["--grpc-port", str(free_port()), "--repository", str(repository)]
-    return ServerProcess("weir", command, port, log_path)
+    redis_port = free_port()
+    command += ["--redis-port", str(redis_port)]
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    return ServerProcess("weir", command, port, log_path, redis_url=redis_url)
 
 
 def baseline_server(repository: Path, port: int, threads: int, log_path: Path) -> ServerProcess:
