@@ -147,11 +147,15 @@ async def hold_then_limit(mesh: Mesh, client: Redis, share: float) -> tuple[Any,
         assert (await http.post(URL, json=ROW)).status_code == 200
         worker.send_signal(signal.SIGSTOP)
         try:
+            published = _last_batch(client)
             held.extend(asyncio.ensure_future(http.post(URL, json=ROW)) for _ in range(2))
             await asyncio.to_thread(wait_until, lambda: queued(client) >= 2, 10, "2 queued")
-            # The batcher has handed one on (a batch no worker has read): Redis will not
-            # refuse that, only the answer.
-            await asyncio.to_thread(wait_until, lambda: _batch_waiting(client), 10, "a batch")
+            # The batcher has handed a batch on before the limit: Redis will not refuse that,
+            # only the answer. (Delivered or not: a read the worker had sent before it was
+            # stopped may take it.)
+            await asyncio.to_thread(
+                wait_until, lambda: _last_batch(client) > published, 10, "a new batch"
+            )
             used = int(client.info("memory")["used_memory"])
             client.config_set("maxmemory", int(used / share))
             refused = await send_until_refused(http, client, held)
@@ -165,12 +169,9 @@ async def hold_then_limit(mesh: Mesh, client: Redis, share: float) -> tuple[Any,
     return refused, [r.status_code for r in answered]
 
 
-def _batch_waiting(client: Redis) -> bool:
-    # Not the group's lag: Redis cannot tell it (None) once the stream has been trimmed.
-    stream = names.batch_stream("tiny_mlp", "1")
-    (group,) = client.xinfo_groups(stream)
-    last = client.xinfo_stream(stream)["last-generated-id"]
-    return _id(last) > _id(group["last-delivered-id"])
+def _last_batch(client: Redis) -> tuple[int, ...]:
+    """The id of the last batch the batcher published (trimming does not move it)."""
+    return _id(client.xinfo_stream(names.batch_stream("tiny_mlp", "1"))["last-generated-id"])
 
 
 def _id(entry_id: bytes) -> tuple[int, ...]:
