@@ -26,6 +26,7 @@ from weir.errors import DeadlineExceeded
 from weir.link import Command, Link
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
+from weir.stats import Field
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply
 
@@ -224,8 +225,8 @@ class BatcherLane:
         """
         waited_ns = sum(int((time.monotonic() - q.arrived_s) * 1e9) for q in expired)
         return [
-            ("HINCRBY", self.stats_key, "fail_count", len(expired)),
-            ("HINCRBY", self.stats_key, "fail_ns", max(waited_ns, 0)),
+            ("HINCRBY", self.stats_key, Field.FAIL_COUNT, len(expired)),
+            ("HINCRBY", self.stats_key, Field.FAIL_NS, max(waited_ns, 0)),
         ]
 
     def _expired_reply(self, item: Queued) -> bytes:

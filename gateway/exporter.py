@@ -30,6 +30,7 @@ from weir import names
 from weir.config import Backend
 from weir.control.desired import DesiredState
 from weir.repository import ModelEntry
+from weir.stats import Field, batch_sizes
 
 logger = logging.getLogger(__name__)
 
@@ -88,10 +89,11 @@ class MeshCollector(Collector):
         )
         for (model, version), recorded, waiting in zip(lanes, stats, queued, strict=True):
             counts = {k.decode(): int(v) for k, v in recorded.items()}
-            executions.add_metric([model, version], counts.get("execution_count", 0))
-            inferences.add_metric([model, version], counts.get("inference_count", 0))
+            executions.add_metric([model, version], counts.get(Field.EXECUTION_COUNT, 0))
+            inferences.add_metric([model, version], counts.get(Field.INFERENCE_COUNT, 0))
             pending.add_metric([model, version], max(int(waiting or 0), 0))
-            batch.add_metric([model, version], _buckets(counts), counts.get("inference_count", 0))
+            inferred = counts.get(Field.INFERENCE_COUNT, 0)
+            batch.add_metric([model, version], _buckets(counts), inferred)
         yield from (executions, inferences, pending, batch)
         yield from self._gpus()
 
@@ -116,7 +118,7 @@ class MeshCollector(Collector):
 
 
 def _buckets(counts: dict[str, int]) -> list[tuple[str, float]]:
-    sizes = {int(k.split(":", 1)[1]): v for k, v in counts.items() if k.startswith("batch_size:")}
+    sizes = batch_sizes(counts)
     cumulative = [
         (str(bound), float(sum(c for s, c in sizes.items() if s <= bound)))
         for bound in BATCH_BUCKETS

@@ -37,6 +37,7 @@ from weir.link import Link, raise_errors
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
 from weir.settings import GatewaySettings
+from weir.stats import Stamp
 from weir.wire import InferReply, InferRequest
 
 logger = logging.getLogger(__name__)
@@ -183,7 +184,7 @@ class MeshClient:
             # Only the gateway reads a request's parameters (timeout, priority, output
             # options): none travels through the mesh.
             parameters={},
-            ts={"gateway_in": now_ns},
+            ts={Stamp.GATEWAY_IN: now_ns},
         )
 
     async def _send(self, entry: ModelEntry, request: InferRequest, batch: int, level: int) -> None:
@@ -260,7 +261,7 @@ class MeshClient:
 
     def _resolve(self, payload: bytes) -> None:
         reply = InferReply.decode(payload)
-        reply.ts["gateway_out"] = time.time_ns()
+        reply.ts[Stamp.GATEWAY_OUT] = time.time_ns()
         future = self.waiting.get(reply.id)
         if future is not None and not future.done():
             future.set_result(reply)

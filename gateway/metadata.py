@@ -10,6 +10,14 @@ from redis.asyncio import Redis
 from weir import __version__, datatypes, names
 from weir.config import Backend, ModelConfig, TensorSpec
 from weir.repository import ModelEntry
+from weir.stats import (
+    COMPUTE_PHASES,
+    REQUEST_PHASES,
+    Field,
+    batch_phase_field,
+    batch_sizes,
+    phase_field,
+)
 
 # The KServe v2 / Triton extensions Weir implements, as Triton names them in server metadata.
 EXTENSIONS = [
@@ -23,10 +31,6 @@ EXTENSIONS = [
     "model_repository(unload_dependents)",
 ]
 
-# The workers' counters: executions per batch size, and per batch size each phase's time.
-BATCH_SIZE = "batch_size:"
-COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
-PHASES = ("queue", *COMPUTE_PHASES)
 
 PLATFORMS: dict[Backend, str] = {
     Backend.PYTORCH: "pytorch_libtorch",
@@ -101,9 +105,9 @@ def model_statistics(
     return {
         "name": name,
         "version": version,
-        "last_inference": counts.get("last_inference", 0),
-        "inference_count": counts.get("inference_count", 0),
-        "execution_count": counts.get("execution_count", 0),
+        "last_inference": counts.get(Field.LAST_INFERENCE, 0),
+        "inference_count": counts.get(Field.INFERENCE_COUNT, 0),
+        "execution_count": counts.get(Field.EXECUTION_COUNT, 0),
         "inference_stats": _inference_stats(counts),
         "batch_stats": _batch_stats(counts),
     }
@@ -115,27 +119,23 @@ def _inference_stats(counts: dict[str, int]) -> dict[str, dict[str, int]]:
     ``success`` and ``fail`` take each request's whole time in the server, from the gateway
     taking it to the worker recording it.
     """
-    succeeded = counts.get("success_count", 0)
-    stats = {"success": {"count": succeeded, "ns": counts.get("success_ns", 0)}}
-    stats["fail"] = {"count": counts.get("fail_count", 0), "ns": counts.get("fail_ns", 0)}
-    for phase in PHASES:
-        stats[phase] = {"count": succeeded, "ns": counts.get(f"{phase}_ns", 0)}
+    succeeded = counts.get(Field.SUCCESS_COUNT, 0)
+    stats = {"success": {"count": succeeded, "ns": counts.get(Field.SUCCESS_NS, 0)}}
+    stats["fail"] = {"count": counts.get(Field.FAIL_COUNT, 0), "ns": counts.get(Field.FAIL_NS, 0)}
+    for phase in REQUEST_PHASES:
+        stats[phase.name] = {"count": succeeded, "ns": counts.get(phase_field(phase), 0)}
     return stats
 
 
 def _batch_stats(counts: dict[str, int]) -> list[dict[str, Any]]:
     """One entry per batch size executed: its executions and each compute phase's time."""
-    sizes = sorted(int(key[len(BATCH_SIZE) :]) for key in counts if key.startswith(BATCH_SIZE))
     return [
         {
             "batch_size": size,
             **{
-                phase: {
-                    "count": counts[f"{BATCH_SIZE}{size}"],
-                    "ns": counts.get(f"batch_{phase}_ns:{size}", 0),
-                }
+                phase.name: {"count": count, "ns": counts.get(batch_phase_field(phase, size), 0)}
                 for phase in COMPUTE_PHASES
             },
         }
-        for size in sizes
+        for size, count in sorted(batch_sizes(counts).items())
     ]

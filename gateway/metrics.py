@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 
+from weir.stats import COMPUTE_INFER, COMPUTE_INPUT, COMPUTE_OUTPUT, QUEUE, REQUEST
 from weir.wire import InferReply
 
 LABELS = ("model", "version")
@@ -21,14 +22,14 @@ DURATION_BUCKETS_US = (
     500_000, 1_000_000, 2_500_000, 5_000_000, 10_000_000, 30_000_000,
 )  # fmt: skip
 
-# (metric, help, start stamp, end stamp)
-PHASES = (
-    ("queue", "time queued before a worker started the batch", "gateway_in", "compute_start"),
-    ("compute_input", "time gathering the batch's inputs", "compute_start", "compute_input_end"),
-    ("compute_infer", "time running the model", "compute_input_end", "compute_infer_end"),
-    ("compute_output", "time splitting and encoding outputs", "compute_infer_end", "compute_end"),
-    ("request", "end-to-end time inside the gateway", "gateway_in", "gateway_out"),
-)
+# Each phase's histogram, weir_inference_<phase>_duration_us, and its help text.
+PHASES = {
+    QUEUE: "time queued before a worker started the batch",
+    COMPUTE_INPUT: "time gathering the batch's inputs",
+    COMPUTE_INFER: "time running the model",
+    COMPUTE_OUTPUT: "time splitting and encoding outputs",
+    REQUEST: "end-to-end time inside the gateway",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,16 +51,16 @@ class RequestMetrics:
             (*LABELS, "reason"), registry=registry,
         )  # fmt: skip
         self.durations = {
-            name: Histogram(
-                f"weir_inference_{name}_duration_us",
+            phase.name: Histogram(
+                f"weir_inference_{phase.name}_duration_us",
                 f"Per request: {text} (microseconds)",
                 LABELS,
                 buckets=DURATION_BUCKETS_US,
                 registry=registry,
             )
-            for name, text, _, _ in PHASES
+            for phase, text in PHASES.items()
         }
-        self._phases = [(self.durations[name], start, end) for name, _, start, end in PHASES]
+        self._phases = [(self.durations[p.name], p.start, p.end) for p in PHASES]
         # labels() takes a lock and builds a key on every call; each model's children are
         # looked up once.
         self._children: dict[tuple[str, str], _Children] = {}

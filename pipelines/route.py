@@ -28,6 +28,7 @@ from redis.exceptions import NoScriptError
 
 from pipelines.graph import Pipeline, Plan, Step
 from weir import names, wire
+from weir.stats import Stamp
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest
 
@@ -153,7 +154,7 @@ class Router:
             deadline_ms=parent.deadline_ms,
             outputs=step.model_outputs,
             parameters={},
-            ts={"gateway_in": wire.now_ns()},
+            ts={Stamp.GATEWAY_IN: wire.now_ns()},
             route=route.to_wire() | {"step": step.index},
         )
 

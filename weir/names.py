@@ -53,11 +53,6 @@ def model_stats(model: str, version: str) -> str:
     return _model_key(model, version, "stats")
 
 
-def batch_phase_field(phase: str, batch_size: int) -> str:
-    """The field of :func:`model_stats` that sums ``phase``'s nanoseconds at one batch size."""
-    return f"batch_{phase}_ns:{batch_size}"
-
-
 def route_state(request_id: str) -> str:
     """The tensors and step claims of one pipeline request, while it runs."""
     return f"{PREFIX}:route:{{{request_id}}}"

@@ -28,6 +28,7 @@ import numpy as np
 from weir import datatypes
 from weir.config import ModelConfig
 from weir.errors import DeadlineExceeded, ServerError, WeirError
+from weir.stats import Stamp
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest, now_ns
 from workers.backends.base import ModelBackend
@@ -142,11 +143,11 @@ class BatchRunner:
         per_member = self._split(outputs, sizes)
         replies = [self._reply(r, out) for r, out in zip(members, per_member, strict=True)]
         done = now_ns()
-        stamps = {
-            "compute_start": started,
-            "compute_input_end": computed,
-            "compute_infer_end": inferred,
-            "compute_end": done,
+        stamps: dict[str, int] = {
+            Stamp.COMPUTE_START: started,
+            Stamp.COMPUTE_INPUT_END: computed,
+            Stamp.COMPUTE_INFER_END: inferred,
+            Stamp.COMPUTE_END: done,
         }
         for reply in replies:
             reply.ts.update(stamps)

@@ -27,6 +27,16 @@ from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
 from weir.settings import WorkerSettings
+from weir.stats import (
+    COMPUTE_PHASES,
+    REQUEST_PHASES,
+    Field,
+    Stamp,
+    batch_phase_field,
+    batch_size_field,
+    outcome_fields,
+    phase_field,
+)
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply, InferRequest
 from workers.batch_wait import never, sort_requests
@@ -306,15 +316,15 @@ def _stat_increments(outcome: Outcome) -> list[str | int]:
         if execution.phases_ns is not None:
             _count_execution(counts, execution.batch_size, execution.phases_ns)
     if outcome.executions:
-        counts["compute_ns"] = outcome.compute_ns
+        counts[Field.COMPUTE_NS] = outcome.compute_ns
     counts.update(outcome.phases)
     return [item for pair in counts.items() for item in pair]
 
 
 def _count_execution(counts: dict[str, int], size: int, phases_ns: tuple[int, ...]) -> None:
-    increments = {"execution_count": 1, "inference_count": size, f"batch_size:{size}": 1}
+    increments = {Field.EXECUTION_COUNT: 1, Field.INFERENCE_COUNT: size, batch_size_field(size): 1}
     for phase, ns in zip(COMPUTE_PHASES, phases_ns, strict=True):
-        increments[names.batch_phase_field(phase, size)] = ns
+        increments[batch_phase_field(phase, size)] = ns
     for key, increment in increments.items():
         counts[key] = counts.get(key, 0) + increment
 
@@ -339,16 +349,6 @@ def _failure(request: InferRequest, error: WeirError) -> bytes:
     return reply.encode()
 
 
-# Triton's per-request statistics: (counter, start stamp, end stamp).
-PHASES = (
-    ("queue", "gateway_in", "compute_start"),
-    ("compute_input", "compute_start", "compute_input_end"),
-    ("compute_infer", "compute_input_end", "compute_infer_end"),
-    ("compute_output", "compute_infer_end", "compute_end"),
-)
-COMPUTE_PHASES = ("compute_input", "compute_infer", "compute_output")
-
-
 def _phase_totals(
     replies: list[InferReply],
     requests: Mapping[str, InferRequest],
@@ -360,25 +360,28 @@ def _phase_totals(
     As Triton: a request's success or fail time runs from the gateway taking it to
     ``end_ns``, when its batch is recorded; ``failed`` are requests answered without a run.
     """
-    totals = {"success_count": 0, "fail_count": 0, "success_ns": 0, "fail_ns": 0}
+    totals: dict[str, int] = {}
     for reply in replies:
-        outcome = "fail" if reply.error is not None else "success"
-        _add_request(totals, outcome, requests[reply.id], end_ns)
+        _add_request(totals, reply.error is None, requests[reply.id], end_ns)
         if reply.error is None:
             _add_phases(totals, reply.ts)
     for request in failed:
-        _add_request(totals, "fail", request, end_ns)
+        _add_request(totals, False, request, end_ns)
     return {k: v for k, v in totals.items() if v}
 
 
-def _add_request(totals: dict[str, int], outcome: str, request: InferRequest, end_ns: int) -> None:
-    totals[f"{outcome}_count"] += 1
-    if "gateway_in" in request.ts:
-        totals[f"{outcome}_ns"] += max(end_ns - request.ts["gateway_in"], 0)
+def _add_request(
+    totals: dict[str, int], succeeded: bool, request: InferRequest, end_ns: int
+) -> None:
+    count, ns = outcome_fields(succeeded)
+    totals[count] = totals.get(count, 0) + 1
+    if Stamp.GATEWAY_IN in request.ts:
+        waited = max(end_ns - request.ts[Stamp.GATEWAY_IN], 0)
+        totals[ns] = totals.get(ns, 0) + waited
 
 
 def _add_phases(totals: dict[str, int], ts: Mapping[str, int]) -> None:
-    for name, start, end in PHASES:
-        if start in ts and end in ts:
-            key = f"{name}_ns"
-            totals[key] = totals.get(key, 0) + max(ts[end] - ts[start], 0)
+    for phase in REQUEST_PHASES:
+        if phase.start in ts and phase.end in ts:
+            key = phase_field(phase)
+            totals[key] = totals.get(key, 0) + max(ts[phase.end] - ts[phase.start], 0)
