@@ -8,6 +8,8 @@ drops a key, since an evicted stream would lose accepted requests without a trac
 
 from __future__ import annotations
 
+import itertools
+import random
 import shutil
 import socket
 import subprocess
@@ -36,10 +38,37 @@ def find_redis_server(explicit: str = "") -> str:
     return str(bundled)
 
 
+# free_port hands out ports below the kernel's ephemeral range: a port from that range can
+# become the source port of any outgoing connection between the moment it is found free and
+# the moment its server binds it ("Address already in use"). In turn from a random start,
+# so one process never hands out the same port twice in a row.
+LOW_PORT = 20000
+EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
+_turn = itertools.count(random.randrange(1 << 16))
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A loopback TCP port nothing listens on now, outside the ephemeral range if it can be."""
+    high = _ephemeral_start()
+    span = high - LOW_PORT
+    for _ in range(min(max(span, 0), 200)):
+        port = LOW_PORT + next(_turn) % span
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # no room below the range: any free port
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def _ephemeral_start() -> int:
+    try:
+        return int(EPHEMERAL_RANGE.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
 
 
 def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
