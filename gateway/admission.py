@@ -134,19 +134,25 @@ class Admission:
         self._flushing: asyncio.Task[None] | None = None
 
     async def enqueue(
-        self, model: str, version: str, fields: dict[bytes, bytes], max_queue_size: int
+        self,
+        model: str,
+        version: str,
+        fields: dict[bytes, bytes],
+        max_queue_size: int,
+        readmit: bool = False,
     ) -> int:
         """Queue the entry: ADMITTED, FULL, CLOSED (the version admits nothing) or NO_MEMORY.
 
         FULL: the queue already holds ``max_queue_size`` requests; CLOSED happens in the
         model control modes only; NO_MEMORY: Redis holds the share of its maxmemory that
-        admission may fill (see :class:`MemoryGauge`).
+        admission may fill (see :class:`MemoryGauge`). With ``readmit`` (a request admitted
+        once, queued again after Redis lost it) the memory share does not apply.
 
         RedisError when the flush that carried it failed: the entry may or may not have
         been added (Redis ran the scripts before the connection broke, or not).
         """
         size = sum(map(len, fields.values()))
-        if not await self._memory_admits(size):
+        if not readmit and not await self._memory_admits(size):
             return NO_MEMORY
         args: list[Arg] = [max_queue_size, 2 * len(fields)]
         for key, value in fields.items():

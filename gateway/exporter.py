@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 from gateway.metrics_server import ScrapeLimits, serve_metrics
 from weir import names
 from weir.config import Backend
+from weir.connection import connect_sync
 from weir.control.desired import DesiredState
 from weir.repository import ModelEntry
 from weir.stats import Field, batch_sizes
@@ -51,7 +52,7 @@ class MeshCollector(Collector):
     """Reads the workers' per-batch counters and the queue counters from Redis."""
 
     def __init__(self, redis_url: str, repository: Iterable[ModelEntry], follow: bool) -> None:
-        self.redis = redis.Redis.from_url(redis_url, socket_timeout=2.0)
+        self.redis = connect_sync(redis_url, socket_timeout=2.0)
         self.repository = repository
         self.follow = follow  # a model control mode: the lanes are the desired state's
 

@@ -22,6 +22,8 @@ from gateway.admission import ADMITTED, CLOSED, FULL, Admission, MemoryGauge
 from gateway.cancels import Canceller
 from gateway.catalog import Catalog
 from gateway.codec import InferBody, check_parameter_size
+from gateway.reply_streams import ENSURE_SCRIPT
+from gateway.resubmission import Accepted, Resubmitter
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
@@ -62,7 +64,10 @@ class MeshClient:
             check_open,
             settings.admission_memory_fraction,
         )
-        self.reply_link = Link(settings.redis_url, settings.redis_timeout_s)
+        # It records the server it reads from: another one may not hold what this gateway
+        # queued (gateway.resubmission).
+        self.reply_link = Link(settings.redis_url, settings.redis_timeout_s, identify=True)
+        self.resubmitter = Resubmitter(self._resend, self._fail)
         self._ids = itertools.count()
         self.canceller = Canceller(self.admission.link)
         # Why the last reply read failed; None once one succeeds (see read_replies).
@@ -96,6 +101,8 @@ class MeshClient:
                     await self._start_route(entry, version, request, body)
                 else:
                     await self._send(entry, request, batch, level)
+                accepted = Accepted(entry, version, request, body, batch, level)
+                self.resubmitter.accepted[request.id] = accepted
                 return await future
         except asyncio.CancelledError:
             # The client left (HTTP disconnect, gRPC cancel): the mesh need not run it.
@@ -108,6 +115,7 @@ class MeshClient:
             ) from None
         finally:
             self.waiting.pop(request.id, None)
+            self.resubmitter.accepted.pop(request.id, None)
             self.inflight_bytes -= size
 
     def _cancel(self, entry: ModelEntry, version: str, request: InferRequest) -> None:
@@ -135,7 +143,12 @@ class MeshClient:
             )
 
     async def _start_route(
-        self, entry: ModelEntry, version: str, request: InferRequest, body: InferBody
+        self,
+        entry: ModelEntry,
+        version: str,
+        request: InferRequest,
+        body: InferBody,
+        readmit: bool = False,
     ) -> None:
         """Write a pipeline request's inputs and queue the steps that can run first."""
         plan = self.router.pipelines[entry.name].plan([o.name for o in body.outputs])
@@ -147,7 +160,8 @@ class MeshClient:
                 f"cannot start the pipeline: {exc}", self.settings.retry_after_s
             ) from None
         for step_request, batch in effects.requests:
-            await self._send(self.catalog.models[step_request.model], step_request, batch, 0)
+            model = self.catalog.models[step_request.model]
+            await self._send(model, step_request, batch, 0, readmit)
         for _, payload in effects.replies:
             self._resolve(payload)
 
@@ -187,16 +201,26 @@ class MeshClient:
             ts={Stamp.GATEWAY_IN: now_ns},
         )
 
-    async def _send(self, entry: ModelEntry, request: InferRequest, batch: int, level: int) -> None:
+    async def _send(
+        self,
+        entry: ModelEntry,
+        request: InferRequest,
+        batch: int,
+        level: int,
+        readmit: bool = False,
+    ) -> None:
         settings = self.settings
         fields = wire.request_fields(request, batch, level)
         batching = entry.config.dynamic_batching
         # Triton's 0 (or no policy) is unbounded; here it is the gateway's default, so that
-        # no model's queue can grow without bound unless the operator says so.
+        # no model's queue can grow without bound unless the operator says so. A request
+        # queued again (gateway.resubmission) was admitted once: no limit refuses it now.
         limit = batching.default_queue_policy.max_queue_size if batching else 0
-        limit = limit or settings.default_max_queue_size
+        limit = 0 if readmit else limit or settings.default_max_queue_size
         try:
-            admitted = await self.admission.enqueue(request.model, request.version, fields, limit)
+            admitted = await self.admission.enqueue(
+                request.model, request.version, fields, limit, readmit
+            )
         except RedisError as exc:  # OOM past maxmemory too: Redis refused the write
             raise Unavailable(f"cannot queue the request: {exc}", settings.retry_after_s) from None
         if admitted != ADMITTED:
@@ -231,6 +255,14 @@ class MeshClient:
     async def _read_once(self, last_id: bytes) -> bytes:
         stream = self.reply_stream
         count, block_ms = self.settings.reply_read_count, self.settings.reply_block_ms
+        await self.reply_link.connect()
+        if self.resubmitter.server_changed(self.reply_link.server_id):
+            # Another server: its reply stream may lack entries, or not be there at all
+            # (replies never create one), and its entry ids need not follow the last one
+            # read. Make it, read it from the start, and queue again what it may have lost.
+            raise_errors(await self.reply_link.call(("EVAL", ENSURE_SCRIPT, 1, stream)))
+            last_id = b"0-0"
+            self.resubmitter.resubmit_all()
         _, result = raise_errors(
             await self.reply_link.call(
                 ("XTRIM", stream, "MINID", last_id),
@@ -266,6 +298,21 @@ class MeshClient:
         if future is not None and not future.done():
             future.set_result(reply)
 
+    async def _resend(self, accepted: Accepted) -> None:
+        if accepted.entry.config.is_ensemble:
+            await self._start_route(
+                accepted.entry, accepted.version, accepted.request, accepted.body, readmit=True
+            )
+        else:
+            await self._send(
+                accepted.entry, accepted.request, accepted.batch, accepted.level, readmit=True
+            )
+
+    def _fail(self, request_id: str, error: WeirError) -> None:
+        future = self.waiting.get(request_id)
+        if future is not None and not future.done():
+            future.set_exception(error)
+
     def _fail_malformed(self, payload: object, exc: Exception) -> None:
         """Answer a malformed reply's request, when its id names one, with a 500 at once."""
         request_id = wire.reply_id(payload)
@@ -275,6 +322,7 @@ class MeshClient:
             future.set_exception(ServerError(message))
 
     async def close(self) -> None:
+        await self.resubmitter.close()
         await self.canceller.drain()
         await self.admission.link.close()
         await self.reply_link.close()

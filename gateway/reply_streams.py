@@ -26,7 +26,7 @@ logger = logging.getLogger(__name__)
 
 # KEYS[1]: the reply stream. An entry added and trimmed at once leaves an empty stream; on
 # a stream that exists it would trim unread replies, hence the check in the same script.
-_ENSURE = """
+ENSURE_SCRIPT = """
 if redis.call('EXISTS', KEYS[1]) == 0 then
   redis.call('XADD', KEYS[1], 'MAXLEN', 0, '*', 'created', '1')
 end
@@ -47,7 +47,7 @@ class ReplyStreams:
         # A gateway whose beats merely stalled gets a whole TTL more before peers clean up
         # after it (and if it lives, its next beat makes its stream again).
         self.grace_ms = int(ttl_s * 1000)
-        self.ensure = redis.register_script(_ENSURE)
+        self.ensure = redis.register_script(ENSURE_SCRIPT)
 
     async def start(self) -> None:
         """Make the stream before the gateway takes a request; :meth:`run` retries a failure."""

@@ -31,7 +31,11 @@ from weir.settings import (
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", help="Redis URL (env WEIR_REDIS_URL)")
+    parser.add_argument(
+        "--redis-url",
+        help="Redis URL: redis://, rediss://, unix:// or redis+sentinel://host:26379/<service> "
+        "(env WEIR_REDIS_URL)",
+    )
     parser.add_argument("--repository", type=Path, help="model repository (env WEIR_REPOSITORY)")
     parser.add_argument("--log-level", help="DEBUG, INFO, WARNING... (env WEIR_LOG_LEVEL)")
     parser.add_argument(

@@ -1,18 +1,27 @@
 """The Redis connection every service uses: one URL, a bounded pool, retries with backoff.
 
 The URL may carry a password or an ACL user and may use TLS (``rediss://``); redis-py reads
-all of that from the URL. The pool is a blocking one: under a burst, a command waits for a
-free connection instead of failing, and Redis never sees more than ``max_connections``.
+all of that from the URL. It may also name a primary that Redis Sentinel watches
+(``redis+sentinel://``, see :mod:`weir.redis_target`): the pool then asks the Sentinels for
+the primary at each new connection, so after a failover the retries reach the new one. For
+one server the pool is a blocking one: under a burst, a command waits for a free connection
+instead of failing, and Redis never sees more than ``max_connections``.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
+import redis
+import redis.sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from weir import retry
+from weir import redis_target, retry
 
 DEFAULT_MAX_CONNECTIONS = 64
 POOL_WAIT_S = 10.0
@@ -21,13 +30,52 @@ POOL_WAIT_S = 10.0
 def connect(url: str, *, retries: int = 5, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Redis:
     """A client for ``url`` that retries connection failures with exponential backoff."""
     # weir.retry's backoff: a reconnecting service's attempts stay about a second apart.
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=POOL_WAIT_S,
-        decode_responses=False,
-        retry=Retry(retry.backoff(), retries),
-        retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        health_check_interval=30,
-    )
+    options: dict[str, Any] = {
+        "max_connections": max_connections,
+        "decode_responses": False,
+        "retry": Retry(retry.backoff(), retries),
+        "retry_on_error": [RedisConnectionError, RedisTimeoutError],
+        "health_check_interval": 30,
+    }
+    target = redis_target.parse(url)
+    if target.is_sentinel:
+        return _sentinel_client(target, options)
+    pool = BlockingConnectionPool.from_url(url, timeout=POOL_WAIT_S, **options)
     return Redis.from_pool(pool)
+
+
+def connect_sync(url: str, **options: Any) -> redis.Redis:
+    """A blocking client for ``url`` (for a thread that has no event loop, as the exporter's)."""
+    target = redis_target.parse(url)
+    if not target.is_sentinel:
+        return redis.Redis.from_url(url, **options)
+    sentinel, server = _sentinel_options(target)
+    # redis-py leaves its sync Sentinel untyped.
+    sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
+        list(target.sentinels), sentinel_kwargs=sentinel, **server
+    )
+    client: redis.Redis = sentinels.master_for(target.service, **options)  # type: ignore[no-untyped-call]
+    return client
+
+
+def _sentinel_client(target: redis_target.Target, options: dict[str, Any]) -> Redis:
+    sentinel, server = _sentinel_options(target)
+    sentinels = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
+        list(target.sentinels), sentinel_kwargs=sentinel, **server
+    )
+    client: Redis = sentinels.master_for(target.service, redis_class=Redis, **options)
+    return client
+
+
+def _sentinel_options(target: redis_target.Target) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The options of the connections to the Sentinels, and to the servers they name."""
+    server = dict(parse_url(target.url))
+    for placeholder in ("host", "port"):
+        server.pop(placeholder, None)
+    if server.pop("connection_class", None) is SSLConnection:
+        server["ssl"] = True  # redis-py's Sentinel pool picks its TLS connection class
+    sentinel_options = {
+        key.removeprefix("sentinel_"): value for key, value in target.sentinel_auth.items()
+    }
+    tls = {k: v for k, v in server.items() if k == "ssl" or k.startswith("ssl_")}
+    return {**tls, **sentinel_options}, server

@@ -7,6 +7,12 @@ A :class:`Link` is one connection that sends a whole pipeline as one write and h
 the raw replies (bytes, ints, lists; an error reply as a :class:`ResponseError` value, not
 raised), resolved straight from the protocol's ``data_received``.
 
+A link follows the URLs of :mod:`weir.redis_target`: with Sentinel it asks the Sentinels for
+the primary at each connect and checks the server's ``ROLE``; a ``READONLY`` reply (the
+server it holds was demoted) drops the connection so the next call finds the new primary.
+With ``identify`` it records the server's ``run_id`` (:attr:`Link.server_id`) at each
+connect: a different one means a different server, which may not hold what the last one did.
+
 Callers on one link share its connection, each pipeline's replies in order; a blocking
 command (``XREAD BLOCK``) holds the connection until it returns, so a reader that blocks
 has a link of its own. The URL is the same one redis-py reads: password, ACL user, database
@@ -31,6 +37,8 @@ import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
+
+from weir import redis_target
 
 Arg = bytes | str | int | float
 Command = Sequence[Arg]
@@ -79,16 +87,21 @@ class _Protocol(asyncio.Protocol):
     def data_received(self, data: bytes) -> None:
         self.parser.feed(data)
         waiting = self.waiting
+        demoted = False
         while (reply := self.parser.gets()) is not False:
             if not waiting:
                 self._fail(RedisConnectionError("Redis sent a reply nobody asked for"))
                 return
+            if type(reply) is ResponseError and str(reply).startswith("READONLY"):
+                demoted = True
             waiter = waiting[0]
             waiter.replies.append(reply)
             if len(waiter.replies) == waiter.count:
                 waiting.popleft()
                 if not waiter.future.done():
                     waiter.future.set_result(waiter.replies)
+        if demoted:  # a replica now: the next call connects to the primary
+            self._fail(RedisConnectionError("the Redis server is a read-only replica now"))
 
     def expire(self, future: asyncio.Future[list[Any]], timeout_s: float) -> None:
         # No reply in time: the connection may be half-open (Redis gone without a reset).
@@ -118,12 +131,23 @@ class Link:
         url: str,
         reply_timeout_s: float = REPLY_TIMEOUT_S,
         connect_timeout_s: float = CONNECT_TIMEOUT_S,
+        identify: bool = False,
     ) -> None:
-        self.options: dict[str, Any] = dict(parse_url(url))
+        self.target = redis_target.parse(url)
+        self.options: dict[str, Any] = dict(parse_url(self.target.url))
         self.reply_timeout_s = reply_timeout_s
         self.connect_timeout_s = connect_timeout_s
+        self.identify = identify
+        # The run_id of the server the current connection reached (with ``identify``).
+        self.server_id: bytes | None = None
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
+
+    async def connect(self) -> None:
+        """Connect now, unless connected; ConnectionError (a RedisError) when that fails."""
+        protocol = self._protocol
+        if protocol is None or protocol.closed:
+            await self._connect()
 
     async def call(self, *commands: Command, block_s: float = 0.0) -> list[Any]:
         """Send ``commands`` as one pipeline; their replies, in order.
@@ -184,33 +208,106 @@ class Link:
         if connection_class is UnixDomainSocketConnection:
             _, protocol = await loop.create_unix_connection(_Protocol, options["path"])
         else:
-            host = options.get("host", "localhost")
             context = _ssl_context(options) if connection_class is SSLConnection else None
-            _, protocol = await loop.create_connection(
-                _Protocol, host, options.get("port", 6379), ssl=context
-            )
-            sock = protocol.transport.get_extra_info("socket") if protocol.transport else None
-            if sock is not None:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        handshake: list[Command] = []
-        if options.get("password") is not None:
-            username = options.get("username")
-            auth: list[Arg] = ["AUTH", options["password"]]
-            if username:
-                auth.insert(1, username)
-            handshake.append(auth)
+            if self.target.is_sentinel:
+                host, port = await _sentinel_primary(self.target, context)
+            else:
+                host, port = options.get("host", "localhost"), options.get("port", 6379)
+            protocol = await _open_tcp(host, port, context)
+        handshake = _auth(options.get("username"), options.get("password"))
         if options.get("db"):
             handshake.append(["SELECT", options["db"]])
-        if handshake:
-            future: asyncio.Future[list[Any]] = loop.create_future()
-            protocol.waiting.append(_Waiter(len(handshake), future))
-            assert protocol.transport is not None
-            protocol.transport.write(pack(handshake))
-            for reply in await future:
-                if isinstance(reply, ResponseError):
-                    protocol.transport.close()
-                    raise RedisConnectionError(f"Redis refused the connection: {reply}")
+        if self.target.is_sentinel:
+            handshake.append(["ROLE"])
+        if self.identify:
+            handshake.append(["INFO", "server"])
+        replies = await _exchange(protocol, handshake)
+        for reply in replies:
+            if isinstance(reply, ResponseError):
+                _close(protocol)
+                raise RedisConnectionError(f"Redis refused the connection: {reply}")
+        if self.identify:
+            self.server_id = _info_field(replies.pop(), b"run_id")
+        if self.target.is_sentinel and replies[-1][0] != b"master":
+            _close(protocol)
+            raise RedisConnectionError(
+                f"the server Sentinel named as primary of {self.target.service!r} is a replica"
+            )
         return protocol
+
+
+async def _open_tcp(host: str, port: int, context: ssl.SSLContext | None) -> _Protocol:
+    _, protocol = await asyncio.get_running_loop().create_connection(
+        _Protocol, host, port, ssl=context
+    )
+    sock = protocol.transport.get_extra_info("socket") if protocol.transport else None
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return protocol
+
+
+def _auth(username: str | None, password: str | None) -> list[Command]:
+    if password is None:
+        return []
+    return [["AUTH", username, password] if username else ["AUTH", password]]
+
+
+async def _exchange(protocol: _Protocol, commands: list[Command]) -> list[Any]:
+    """The replies to ``commands`` on a connection no one else uses yet."""
+    if not commands:
+        return []
+    future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
+    protocol.waiting.append(_Waiter(len(commands), future))
+    assert protocol.transport is not None
+    protocol.transport.write(pack(commands))
+    return await future
+
+
+def _close(protocol: _Protocol) -> None:
+    if protocol.transport is not None:
+        protocol.transport.close()
+
+
+async def _sentinel_primary(
+    target: redis_target.Target, context: ssl.SSLContext | None
+) -> tuple[str, int]:
+    """The primary's address, from the first Sentinel that knows it."""
+    problems: list[str] = []
+    auth = _auth(target.sentinel_auth.get("sentinel_username"),
+                 target.sentinel_auth.get("sentinel_password"))  # fmt: skip
+    for host, port in target.sentinels:
+        try:
+            protocol = await _open_tcp(host, port, context)
+        except (OSError, ssl.SSLError) as exc:
+            problems.append(f"{host}:{port}: {exc}")
+            continue
+        try:
+            replies = await _exchange(
+                protocol, [*auth, ["SENTINEL", "GET-MASTER-ADDR-BY-NAME", target.service]]
+            )
+        except RedisConnectionError as exc:
+            problems.append(f"{host}:{port}: {exc}")
+            continue
+        finally:
+            _close(protocol)
+        answer = replies[-1]
+        if isinstance(answer, list) and len(answer) == 2:
+            return answer[0].decode(), int(answer[1])
+        problems.append(f"{host}:{port}: {answer or 'no such service'}")
+    raise RedisConnectionError(
+        f"no Sentinel named a primary for {target.service!r}: " + "; ".join(problems)
+    )
+
+
+def _info_field(info: object, name: bytes) -> bytes | None:
+    """One ``name:value`` line of an INFO reply."""
+    if not isinstance(info, bytes):
+        return None
+    for line in info.splitlines():
+        key, _, value = line.partition(b":")
+        if key == name:
+            return value.strip()
+    return None
 
 
 def _ssl_context(options: dict[str, Any]) -> ssl.SSLContext:

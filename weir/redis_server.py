@@ -90,12 +90,18 @@ class RedisServer:
     """One redis-server child process on a loopback port."""
 
     def __init__(
-        self, port: int = 0, binary: str = "", appendonly: bool = False, maxmemory: str = "0"
+        self,
+        port: int = 0,
+        binary: str = "",
+        appendonly: bool = False,
+        maxmemory: str = "0",
+        extra: tuple[str, ...] = (),
     ) -> None:
         self.port = port or free_port()
         self.binary = find_redis_server(binary)
         self.appendonly = appendonly
         self.maxmemory = maxmemory  # Redis's units: 1gb, 512mb, bytes; 0: no limit
+        self.extra = extra  # more redis-server options (``--replicaof``, ``--sentinel``, ...)
         self.process: subprocess.Popen[bytes] | None = None
         self._dir = tempfile.TemporaryDirectory(prefix="weir-redis-")
 
@@ -108,7 +114,7 @@ class RedisServer:
         return [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", *persistence, "--dir", self._dir.name, "--loglevel", "warning",
-            "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction",
+            "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction", *self.extra,
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
@@ -127,6 +133,12 @@ class RedisServer:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+    def kill(self) -> None:
+        """SIGKILL: the server dies at once, as a crashed host's would, nothing flushed."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
 
     def stop(self) -> None:
         self.halt()

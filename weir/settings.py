@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from weir import redis_target
 from weir.control.mode import ControlMode
 
 
@@ -25,7 +26,10 @@ def _shared(name: str, default: Any, **kwargs: Any) -> Any:
 class ServiceSettings(BaseSettings):
     """Settings every service has."""
 
-    model_config = SettingsConfigDict(populate_by_name=True, extra="ignore", frozen=True)
+    # Inputs stay out of error messages: a URL or a token may carry a secret.
+    model_config = SettingsConfigDict(
+        populate_by_name=True, extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     redis_url: str = _shared("redis_url", "redis://127.0.0.1:6379/0")
     repository: Path = _shared("repository", Path("examples/models"))
@@ -40,6 +44,13 @@ class ServiceSettings(BaseSettings):
         "before its connection is dropped and made again",
     )
     heartbeat_ttl_s: float = _shared("heartbeat_ttl_s", 3.0, gt=0)
+
+    @field_validator("redis_url")
+    @classmethod
+    def _redis_url(cls, url: str) -> str:
+        redis_target.parse(url)  # a Sentinel URL's mistakes, said at start
+        return url
+
     model_control_mode: ControlMode = _shared(
         "model_control_mode",
         ControlMode.NONE,

@@ -41,6 +41,7 @@ class Topology:
     log_dir: Path
     env_extra: dict[str, str] = field(default_factory=dict)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    by_name: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def start(self, service: str, name: str, **env: str) -> subprocess.Popen[bytes]:
         environment = {
@@ -63,6 +64,7 @@ class Topology:
                 stderr=subprocess.STDOUT,
             )
         self.processes.append(process)
+        self.by_name[name] = process
         return process
 
     def start_mesh(self, http_port: int) -> str:
