@@ -3,8 +3,9 @@
 Credits are free worker instances: each worker announces its instances when it starts and
 one more each time it finishes a batch; the lane spends one per batch it sends. While the
 lane holds credits it sends what is queued at once (work-conserving); without, it follows
-Triton's rule. Each send is one transaction: the batch, the error replies for requests whose
-deadline passed in the queue, and the acks of everything they consumed. Requests whose
+Triton's rule. Each send is one pipeline: the error replies for requests whose deadline
+passed in the queue, then one transaction of the batch and the acks of everything they
+consumed (weir.stages). Requests whose
 client left (:mod:`weir.cancels`) are dropped unbatched: acked and counted as failures,
 with no reply, since nobody waits for one.
 """
@@ -12,7 +13,6 @@ with no reply, since nobody waits for one.
 from __future__ import annotations
 
 import asyncio
-import itertools
 import logging
 import time
 from collections.abc import Callable
@@ -21,7 +21,7 @@ from dataclasses import replace
 from redis.exceptions import RedisError
 
 from batcher.policy import BatchQueue, Queued
-from weir import names, wire
+from weir import names, stages, wire
 from weir.errors import DeadlineExceeded
 from weir.link import Command, Link
 from weir.repository import ModelEntry
@@ -56,7 +56,6 @@ class BatcherLane:
         self.request_stream = names.request_stream(entry.name, version)
         self.batch_stream = names.batch_stream(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
-        self.queued_key = names.queued_counter(entry.name, version)
         self.stats_key = names.model_stats(entry.name, version)
         self.cancel_stream = names.cancel_stream(entry.name, version)
         self.queue = _queue_for(entry)
@@ -194,10 +193,8 @@ class BatcherLane:
             payload = wire.encode_batch([q.payload for q in batch])
             commands.append(("XADD", self.batch_stream, "*", wire.PAYLOAD, payload))
         replies = [(q.reply_to, self._expired_reply(q)) for q in expired if q.reply_to]
-        for stream, fields in wire.reply_entries(replies).items():
-            commands.append(("XADD", stream, "NOMKSTREAM", "*", *itertools.chain(*fields.items())))
         if expired:
-            commands.append(("DECRBY", self.queued_key, len(expired)))
+            commands.append(stages.settle(self.model, self.version, len(expired)))
             commands.extend(self._count_failed(expired))
         consumed = [q.entry_id for q in (*batch, *expired)]
         if consumed:
@@ -205,7 +202,8 @@ class BatcherLane:
         if credit_ids:
             commands.append(self.group.ack(self.credit_stream, credit_ids))
         try:
-            await self.link.transaction(*commands)
+            # The expired requests' answers go to gateways' streams, on other cluster slots.
+            await stages.effects(self.link, stages.answer(replies), commands)
         except RedisError as exc:
             logger.warning("sending a batch of %s failed, keeping it: %s", self.model, exc)
             self.queue.restore([*batch, *expired])

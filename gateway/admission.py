@@ -1,10 +1,10 @@
 """Admission: queue requests, or refuse each at once when its model's queue is full.
 
-One Lua script checks the model's queued-request counter against ``max_queue_size``
-(Triton's ``default_queue_policy``) and, where there is room, adds the request to the
-model's request stream and counts it. The counter and the stream share the model's hash
-tag, so the script runs on one Redis Cluster slot. Workers and the batcher decrement the
-counter in the transactions that answer requests.
+One Lua script (weir.stages.queue) checks the model's queued-request counter against
+``max_queue_size`` (Triton's ``default_queue_policy``) and, where there is room, adds the
+request to the model's request stream and counts it. The counter and the stream share the
+model's hash tag, so the script runs on one Redis Cluster slot. Workers and the batcher
+decrement the counter in the transactions that answer requests.
 
 Requests are coalesced: every request that arrives while the previous flush is on its way
 to Redis waits for the next one, and a flush is one round trip for all of them (one script
@@ -29,37 +29,8 @@ from typing import Any
 
 from redis.exceptions import RedisError
 
-from weir import names
+from weir import stages
 from weir.link import Arg, Command, Link
-
-# KEYS: counter, stream, the model's serving set. ARGV: the version to find in the serving
-# set ('' in mode none: no check), then for each entry its max_queue_size (0: unbounded), its
-# number of field/value arguments, then those. Returns, per entry, 1 when it was added, 0
-# when the queue was full and -1 when the version admits nothing (it is being unloaded).
-# (Not the counter itself: replies to requests queued before a Redis restart can take it
-# below zero, and a negative count is no refusal.)
-_ADMIT = """
-local results = {}
-local at = 2
-local closed = ARGV[1] ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0
-while at <= #ARGV do
-  local limit = tonumber(ARGV[at])
-  local count = tonumber(ARGV[at + 1])
-  local first = at + 2
-  at = first + count
-  if closed then
-    results[#results + 1] = -1
-  elseif limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
-    results[#results + 1] = 0
-  else
-    redis.call('XADD', KEYS[2], '*', unpack(ARGV, first, at - 1))
-    redis.call('INCR', KEYS[1])
-    results[#results + 1] = 1
-  end
-end
-return results
-"""
-
 
 ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
 # Redis's used memory is read at most this often: INFO costs Redis more than an admission.
@@ -125,8 +96,6 @@ class Admission:
     """Queues requests on their model's stream, bounded by the model's queue policy."""
 
     def __init__(self, link: Link, check_open: bool = False, memory_fraction: float = 0.8) -> None:
-        # EVAL, not EVALSHA: no NOSCRIPT to recover from after a Redis restart, and Redis
-        # caches the compiled script by its hash anyway.
         self.link = link
         self.check_open = check_open  # a model control mode: versions open and close
         self.memory = MemoryGauge(memory_fraction)
@@ -154,9 +123,7 @@ class Admission:
         size = sum(map(len, fields.values()))
         if not readmit and not await self._memory_admits(size):
             return NO_MEMORY
-        args: list[Arg] = [max_queue_size, 2 * len(fields)]
-        for key, value in fields.items():
-            args.extend((key, value))
+        args = stages.entry_args(fields, max_queue_size)
         admitted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._next[(model, version)].append(_Entry(args, admitted))
         if self._flushing is None:
@@ -191,14 +158,9 @@ class Admission:
         queues = list(flush.items())
         commands: list[Command] = []
         for (model, version), entries in queues:
-            keys = (
-                names.queued_counter(model, version),
-                names.request_stream(model, version),
-                names.serving_versions(model),
-            )
             check = version if self.check_open else ""
             args = (a for e in entries for a in e.args)
-            commands.append(("EVAL", _ADMIT, 3, *keys, check, *args))
+            commands.append(stages.queue(model, version, args, check))
         sample = self.memory.claim()
         if sample:
             commands.append(("INFO", "memory"))

@@ -31,7 +31,7 @@ import ssl
 from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import hiredis
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
@@ -65,6 +65,20 @@ def pack(commands: Iterable[Command]) -> bytes:
                 raise TypeError(f"cannot send {type(arg).__name__} to Redis")
             out.append(b"$%d\r\n%s\r\n" % (len(data), data))
     return b"".join(out)
+
+
+class HotLink(Protocol):
+    """What the services use of a hot-path link: :class:`Link`, or a cluster's."""
+
+    server_id: bytes | None
+
+    async def connect(self) -> None: ...
+
+    async def call(self, *commands: Command, block_s: float = 0.0) -> list[Any]: ...
+
+    async def transaction(self, *commands: Command) -> list[Any]: ...
+
+    async def close(self) -> None: ...
 
 
 @dataclass(slots=True)

@@ -3,10 +3,11 @@
 The reader takes batches only while an instance is free, so a busy worker leaves batches on
 the stream for its peers; now and then it first claims batches that a dead worker left
 pending. Each instance decodes, runs and encodes a batch in an executor thread, then one
-transaction writes every reply, records the batch's counters, returns a credit to the
-batchers and acks the batch: a batch is acked only after everything it produced is
-written. A batch delivered too often is dead-lettered and each of its requests answered
-with an error, so a poison input cannot crash-loop a pool.
+pipeline writes every reply (and a pipeline's next steps) and, in a transaction after
+them, records the batch's counters, returns a credit to the batchers and acks the batch
+(weir.stages): a batch is acked only after everything it produced is written. A batch
+delivered too often is dead-lettered and each of its requests answered with an error, so a
+poison input cannot crash-loop a pool.
 """
 
 from __future__ import annotations
@@ -20,9 +21,9 @@ from concurrent.futures import Executor
 from redis.exceptions import RedisError
 
 from pipelines.route import Router
-from weir import names, wire
+from weir import names, stages, wire
 from weir.errors import DeadlineExceeded, ServerError, WeirError
-from weir.link import Arg, Command, Link
+from weir.link import Command, Link
 from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
@@ -106,7 +107,6 @@ class WorkerLane:
         self.stream = names.batch_stream(entry.name, version)
         self.stats_key = names.model_stats(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
-        self.queued_key = names.queued_counter(entry.name, version)
         self.dead_stream = names.dead_letter_stream(entry.name, version)
         self.cancel_stream = names.cancel_stream(entry.name, version)
         self.is_canceled: Callable[[str], bool] = never  # the worker's cancel watch's
@@ -246,35 +246,30 @@ class WorkerLane:
                     outcome.routed = []
                     outcome.replies.extend(effects.replies)
                     outcome.forwards.extend(effects.requests)
-                commands: list[Command] = []
+                outside, inside = self._effects(entry_id, outcome)
                 if dead is not None:
-                    commands.append(("XADD", self.dead_stream, "*", *dead))
-                await self.link.transaction(*commands, *self._effects(entry_id, outcome))
+                    inside.insert(0, ("XADD", self.dead_stream, "*", *dead))
+                await stages.effects(self.link, outside, inside)
                 return
             except RedisError as exc:
                 logger.warning("writing replies of %s failed, retrying: %s", self.label, exc)
                 await retry.failed()
 
-    def _effects(self, entry_id: bytes, outcome: Outcome) -> list[Command]:
-        maxlen = ("MAXLEN", "~", self.settings.reply_maxlen)
-        commands: list[Command] = [
-            ("XADD", stream, "NOMKSTREAM", *maxlen, "*", *_flat(fields))  # no gateway, no stream
-            for stream, fields in wire.reply_entries(outcome.replies).items()
-        ]
-        for request, batch in outcome.forwards:
-            stream = names.request_stream(request.model, request.version)
-            commands.append(("XADD", stream, "*", *_flat(wire.request_fields(request, batch))))
-            commands.append(("INCR", names.queued_counter(request.model, request.version)))
+    def _effects(self, entry_id: bytes, outcome: Outcome) -> tuple[list[Command], list[Command]]:
+        """The batch's effects on other slots (replies, forwards), and on its model's."""
+        outside = stages.answer(outcome.replies, self.settings.reply_maxlen)
+        outside.extend(stages.forward(request, batch) for request, batch in outcome.forwards)
+        commands: list[Command] = []
         increments = _stat_increments(outcome)
         if increments:
             # EVAL, not EVALSHA: inside MULTI a script missing from a restarted Redis's cache
             # would fail alone and the rest of the transaction would still commit.
             last = outcome.last_inference_ms
             commands.append(("EVAL", _ADD_STATS, 1, self.stats_key, last, *increments))
-        commands.append(("DECRBY", self.queued_key, outcome.answered))
+        commands.append(stages.settle(self.entry.name, self.version, outcome.answered))
         commands.append(self.credit(1))
         commands.append(self.group.ack(self.stream, [entry_id]))
-        return commands
+        return outside, commands
 
     async def _dead_letter(self, entry: Entry, reason: str) -> None:
         """Park a batch on the dead-letter stream; answer each request with a 500."""
@@ -300,10 +295,6 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
-
-
-def _flat(fields: Mapping[bytes, Arg]) -> list[Arg]:
-    return [item for pair in fields.items() for item in pair]
 
 
 def _stat_increments(outcome: Outcome) -> list[str | int]:

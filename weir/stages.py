@@ -1,0 +1,125 @@
+"""The commands each stage of the mesh sends, built in one place.
+
+A request's life in Redis: the gateway queues it on its model's request stream and counts
+it in the model's queued counter (:func:`queue`); the batcher publishes batches on the
+model's batch stream; a worker (or the batcher, for a request that expired in its queue)
+answers it on the gateway's reply stream (:func:`answer`) and settles the counter
+(:func:`settle`); a pipeline step's outputs queue the next steps' requests (:func:`queue`
+again). Every stage builds its commands here, so the keys each command touches, and the
+Redis Cluster slots they lie on, are written down once.
+
+A model's keys share its hash tag (weir.names), so queueing, settling, statistics, credits
+and acks of one model are on one slot, and :func:`effects` runs them in one MULTI. Replies
+go to gateways' streams and forwards to other models' streams, on other slots: they are
+sent first, in the same pipeline, outside the transaction. A stage that dies between the
+two has not acked, so its batch is delivered again and its replies written again; the
+gateway answers each request once and drops the copy, and a pipeline step claims each
+start with a token (pipelines.route), so a repeated forward starts nothing twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from weir import names, wire
+from weir.link import Arg, Command, HotLink, raise_errors
+
+# KEYS: counter, stream, the model's serving set. ARGV: the version to find in the serving
+# set ('' : no check), then for each entry its max_queue_size (0: unbounded), its number of
+# field/value arguments, then those. Returns, per entry, 1 when it was added, 0 when the
+# queue was full and -1 when the version admits nothing (it is being unloaded).
+# (Not the counter itself: replies to requests queued before a Redis restart can take it
+# below zero, and a negative count is no refusal.)
+QUEUE_SCRIPT = """
+local results = {}
+local at = 2
+local closed = ARGV[1] ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0
+while at <= #ARGV do
+  local limit = tonumber(ARGV[at])
+  local count = tonumber(ARGV[at + 1])
+  local first = at + 2
+  at = first + count
+  if closed then
+    results[#results + 1] = -1
+  elseif limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
+    results[#results + 1] = 0
+  else
+    redis.call('XADD', KEYS[2], '*', unpack(ARGV, first, at - 1))
+    redis.call('INCR', KEYS[1])
+    results[#results + 1] = 1
+  end
+end
+return results
+"""
+
+
+def entry_args(fields: Mapping[bytes, Arg], max_queue_size: int) -> list[Arg]:
+    """One entry's arguments to :func:`queue`: its limit, then its fields."""
+    args: list[Arg] = [max_queue_size, 2 * len(fields)]
+    for key, value in fields.items():
+        args.extend((key, value))
+    return args
+
+
+def queue(model: str, version: str, entries: Iterable[Arg], check_version: str = "") -> Command:
+    """Queue requests on a model's stream and count them, each unless its queue is full.
+
+    ``entries``: the :func:`entry_args` of each, concatenated. With ``check_version``,
+    nothing is queued unless that version is in the model's serving set. The EVAL (not
+    EVALSHA) needs no script cache: nothing to recover after a Redis restart, and Redis
+    caches the compiled script by its hash anyway.
+    """
+    keys = (
+        names.queued_counter(model, version),
+        names.request_stream(model, version),
+        names.serving_versions(model),
+    )
+    return ("EVAL", QUEUE_SCRIPT, 3, *keys, check_version, *entries)
+
+
+def forward(request: wire.InferRequest, batch: int) -> Command:
+    """Queue a pipeline step's request on its model, past the queue limit (it is admitted)."""
+    fields = wire.request_fields(request, batch)
+    return queue(request.model, request.version, entry_args(fields, 0))
+
+
+def answer(replies: Iterable[tuple[str, bytes]], maxlen: int = 0) -> list[Command]:
+    """Write ``(reply stream, encoded reply)`` pairs: one entry per gateway's stream.
+
+    ``NOMKSTREAM``: a reply never creates a stream, so the stream of a gateway that stopped
+    stays gone however late a reply comes. ``maxlen`` (0: none) caps the stream, roughly.
+    """
+    cap: tuple[Arg, ...] = ("MAXLEN", "~", maxlen) if maxlen else ()
+    return [
+        ("XADD", stream, "NOMKSTREAM", *cap, "*", *_flat(fields))
+        for stream, fields in wire.reply_entries(replies).items()
+    ]
+
+
+def settle(model: str, version: str, answered: int) -> Command:
+    """Take ``answered`` requests off the model's queued counter."""
+    return ("DECRBY", names.queued_counter(model, version), answered)
+
+
+async def effects(
+    link: HotLink, outside: Sequence[Command], inside: Sequence[Command]
+) -> list[Any]:
+    """Send ``outside`` (other slots: replies, forwards), then ``inside`` in one MULTI.
+
+    One pipeline on one server; on a cluster, the link sends each slot's commands in this
+    order. The results of ``inside``; the first error of either raised, as a
+    ResponseError (the caller retries the whole: what ran of ``outside`` runs again).
+    """
+    replies = await link.call(*outside, ("MULTI",), *inside, ("EXEC",))
+    raise_errors(replies[:-1])
+    results = replies[-1]
+    if not isinstance(results, list):
+        raise ResponseError(f"transaction did not run: {results!r}")
+    return raise_errors(results)
+
+
+def _flat(fields: Mapping[bytes, Arg]) -> list[Arg]:
+    return [item for pair in fields.items() for item in pair]
