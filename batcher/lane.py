@@ -23,7 +23,7 @@ from redis.exceptions import RedisError
 from batcher.policy import BatchQueue, Queued
 from weir import names, stages, wire
 from weir.errors import DeadlineExceeded
-from weir.link import Command, Link
+from weir.link import Command, HotLink
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
 from weir.stats import Field
@@ -40,7 +40,7 @@ class BatcherLane:
 
     def __init__(
         self,
-        link: Link,
+        link: HotLink,
         group: StreamGroup,
         entry: ModelEntry,
         version: str,

@@ -30,7 +30,7 @@ from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
-from weir.link import Link
+from weir.links import open_link
 from weir.liveness import Heartbeat, live_consumers
 from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry, Repository
@@ -56,8 +56,8 @@ class Batcher(Service):
         self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.BATCHER_GROUP, self.consumer)
         # The hot path's connections: one for the blocking reads, one for the lanes' sends.
-        self.read_link = Link(settings.redis_url, settings.redis_timeout_s)
-        self.send_link = Link(settings.redis_url, settings.redis_timeout_s)
+        self.read_link = open_link(settings.redis_url, settings.redis_timeout_s)
+        self.send_link = open_link(settings.redis_url, settings.redis_timeout_s)
         self.reclaimer = Reclaimer(self.group, settings.reclaim_idle_ms)
         self.heartbeat = Heartbeat(
             self.redis, names.BATCHER_GROUP, self.consumer, settings.heartbeat_ttl_s, bytes

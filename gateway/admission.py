@@ -10,7 +10,7 @@ Requests are coalesced: every request that arrives while the previous flush is o
 to Redis waits for the next one, and a flush is one round trip for all of them (one script
 call per model and version, pipelined). At concurrency 1 a request goes out at once, alone;
 under load a gateway pays the per-command cost once per flush, not per request. Flushes go
-over the gateway's own hot-path connection (:class:`~weir.link.Link`).
+over the gateway's own hot-path connection (:class:`~weir.link.Link`, or a cluster's).
 
 Redis runs under ``maxmemory-policy noeviction``: past ``maxmemory`` it refuses every write,
 and every command of a MULTI (XACK and DECRBY too), which is how the batcher and the workers
@@ -30,7 +30,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from weir import stages
-from weir.link import Arg, Command, Link
+from weir.link import Arg, Command, HotLink
 
 ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
 # Redis's used memory is read at most this often: INFO costs Redis more than an admission.
@@ -95,7 +95,9 @@ def _info_int(info: bytes, field: bytes) -> int:
 class Admission:
     """Queues requests on their model's stream, bounded by the model's queue policy."""
 
-    def __init__(self, link: Link, check_open: bool = False, memory_fraction: float = 0.8) -> None:
+    def __init__(
+        self, link: HotLink, check_open: bool = False, memory_fraction: float = 0.8
+    ) -> None:
         self.link = link
         self.check_open = check_open  # a model control mode: versions open and close
         self.memory = MemoryGauge(memory_fraction)

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from redis.exceptions import RedisError
 
 from weir.cancels import notice
-from weir.link import Link, raise_errors
+from weir.link import HotLink, raise_errors
 
 logger = logging.getLogger(__name__)
 
@@ -24,7 +24,7 @@ logger = logging.getLogger(__name__)
 class Canceller:
     """Gathers cancelled request ids per cancel stream and writes them as notices."""
 
-    def __init__(self, link: Link) -> None:
+    def __init__(self, link: HotLink) -> None:
         self.link = link
         self.pending: dict[str, tuple[list[str], int]] = {}  # stream -> (ids, until ms)
         self.tasks: set[asyncio.Task[None]] = set()

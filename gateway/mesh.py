@@ -35,7 +35,8 @@ from weir.errors import (
     Unavailable,
     WeirError,
 )
-from weir.link import Link, raise_errors
+from weir.link import raise_errors
+from weir.links import open_link
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
 from weir.settings import GatewaySettings
@@ -60,13 +61,13 @@ class MeshClient:
         # reply reads (see weir.link).
         check_open = settings.model_control_mode is not ControlMode.NONE
         self.admission = Admission(
-            Link(settings.redis_url, settings.redis_timeout_s),
+            open_link(settings.redis_url, settings.redis_timeout_s),
             check_open,
             settings.admission_memory_fraction,
         )
         # It records the server it reads from: another one may not hold what this gateway
         # queued (gateway.resubmission).
-        self.reply_link = Link(settings.redis_url, settings.redis_timeout_s, identify=True)
+        self.reply_link = open_link(settings.redis_url, settings.redis_timeout_s, identify=True)
         self.resubmitter = Resubmitter(self._resend, self._fail)
         self._ids = itertools.count()
         self.canceller = Canceller(self.admission.link)

@@ -208,10 +208,11 @@ class Router:
 
     async def _run_scripts(self, calls: list[tuple[list[str], list[Any]]]) -> list[Any]:
         # EVALSHA straight on the pipeline: redis-py's Script would first ask SCRIPT EXISTS,
-        # a second round trip on every call.
+        # a second round trip on every call. As a plain command, which a cluster's pipeline
+        # routes by its key like any other (its evalsha method it refuses).
         async with self.redis.pipeline(transaction=False) as pipe:
             for keys, args in calls:
-                pipe.evalsha(self.script.sha, len(keys), *keys, *args)
+                pipe.execute_command("EVALSHA", self.script.sha, len(keys), *keys, *args)
             return await pipe.execute()
 
     def _script_call(

@@ -23,6 +23,7 @@ import httpx
 import pytest
 
 from weir import names
+from weir.connection import connect_sync
 from weir.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,6 +59,29 @@ def redis_server() -> Iterator[RedisServer]:
         yield server
 
 
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[Any]:
+    """A real Redis Cluster: three primaries, three replicas (tests.redis_cluster)."""
+    from tests.redis_cluster import ClusterSet
+
+    with ClusterSet() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="session")
+def redis_kind(request: pytest.FixtureRequest) -> str:
+    """What the session mesh runs on: one redis-server, or (where a module asks) a cluster."""
+    return str(getattr(request, "param", "single"))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test marked ``cluster_too`` whose mesh is the session's runs on a cluster as well."""
+    if "redis_kind" in metafunc.fixturenames and metafunc.definition.get_closest_marker(
+        "cluster_too"
+    ):
+        metafunc.parametrize("redis_kind", ["single", "cluster"], indirect=True, scope="session")
+
+
 def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.05) -> None:  # type: ignore[no-untyped-def]
     """Poll ``condition`` until it is true; fail the test naming ``what`` on timeout."""
     deadline = time.monotonic() + timeout_s
@@ -69,9 +93,7 @@ def wait_until(condition, timeout_s: float, what: str, interval_s: float = 0.05)
 
 def wait_queued(mesh: Mesh, count: int, model: str = "tiny_mlp", version: str = "1") -> None:
     """Wait until ``count`` requests of ``model`` were admitted (its queued counter says so)."""
-    import redis
-
-    client = redis.Redis.from_url(mesh.redis_url)
+    client = connect_sync(mesh.redis_url)
     key = names.queued_counter(model, version)
     try:
         wait_until(lambda: int(client.get(key) or 0) >= count, 10, f"{count} queued requests")
@@ -169,6 +191,19 @@ def assert_serves_tiny_mlp(mesh: Mesh, build_models: ModuleType, rows: int, seed
 
 
 @contextmanager
+def private_redis(kind: str = "single") -> Iterator[Any]:
+    """A Redis of the test's own: a redis-server, or a cluster (anything with a ``url``)."""
+    if kind == "cluster":
+        from tests.redis_cluster import ClusterSet
+
+        with ClusterSet() as cluster:
+            yield cluster
+    else:
+        with RedisServer() as server:
+            yield server
+
+
+@contextmanager
 def private_mesh(repository: Path, env_extra: dict[str, str] | None = None) -> Iterator[Mesh]:
     """A mesh on a redis-server of its own; both stop on leaving."""
     with RedisServer() as server:
@@ -180,8 +215,11 @@ def private_mesh(repository: Path, env_extra: dict[str, str] | None = None) -> I
 
 
 @pytest.fixture(scope="session")
-def mesh(redis_server: RedisServer, example_repository: Path) -> Iterator[Mesh]:
-    running = start_mesh(redis_server.url, example_repository)
+def mesh(
+    redis_kind: str, example_repository: Path, request: pytest.FixtureRequest
+) -> Iterator[Mesh]:
+    server = request.getfixturevalue("redis_cluster" if redis_kind == "cluster" else "redis_server")
+    running = start_mesh(server.url, example_repository)
     yield running
     running.stop()
 

@@ -21,7 +21,9 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError, ResponseError
 
-from weir.link import Arg, Command, Link
+from weir.fanin import FanIn
+from weir.link import Arg, Command
+from weir.links import open_link
 from weir.retry import RetryWait
 
 logger = logging.getLogger(__name__)
@@ -53,7 +55,8 @@ class CancelWatch:
         block_ms: int = 1000,
         on_notice: Callable[[str, list[str]], None] | None = None,
     ) -> None:
-        self.link = Link(url, reply_timeout_s)
+        self.link = open_link(url, reply_timeout_s)
+        self.fanin = FanIn(self.link)
         self.block_ms = block_ms
         self.on_notice = on_notice
         self.canceled: dict[str, int] = {}  # request id -> until (unix ms)
@@ -94,18 +97,21 @@ class CancelWatch:
             retry.succeeded()
 
     async def _read(self, streams: list[str]) -> None:
-        starts = [self._last.get(stream, b"0-0") for stream in streams]
-        command: list[Arg] = ["XREAD", "COUNT", READ_COUNT, "BLOCK", self.block_ms, "STREAMS"]
-        (reply,) = await self.link.call([*command, *streams, *starts], block_s=self.block_ms / 1000)
-        if isinstance(reply, ResponseError):
-            raise reply
-        now_ms = int(time.time() * 1000)
-        for raw_stream, entries in reply or []:
-            stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
-            for entry_id, flat in entries:
-                self._last[stream] = entry_id
-                self._take(stream, dict(zip(flat[::2], flat[1::2], strict=True)), now_ms)
-        self._forget(now_ms)
+        head: list[Arg] = ["XREAD", "COUNT", READ_COUNT, "BLOCK", self.block_ms, "STREAMS"]
+
+        def build(some: list[str]) -> Command:
+            return [*head, *some, *(self._last.get(stream, b"0-0") for stream in some)]
+
+        for reply in await self.fanin.read(build, streams, self.block_ms / 1000):
+            if isinstance(reply, ResponseError):
+                raise reply
+            now_ms = int(time.time() * 1000)
+            for raw_stream, entries in reply or []:
+                stream = raw_stream.decode() if isinstance(raw_stream, bytes) else raw_stream
+                for entry_id, flat in entries:
+                    self._last[stream] = entry_id
+                    self._take(stream, dict(zip(flat[::2], flat[1::2], strict=True)), now_ms)
+        self._forget(int(time.time() * 1000))
 
     def _take(self, stream: str, fields: dict[bytes, bytes], now_ms: int) -> None:
         until_ms = int(fields.get(UNTIL, b"0"))

@@ -10,11 +10,13 @@ instead of failing, and Redis never sees more than ``max_connections``.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import redis
+import redis.cluster
 import redis.sentinel
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.connection import SSLConnection, parse_url
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel
@@ -40,13 +42,36 @@ def connect(url: str, *, retries: int = 5, max_connections: int = DEFAULT_MAX_CO
     target = redis_target.parse(url)
     if target.is_sentinel:
         return _sentinel_client(target, options)
+    if target.is_cluster:
+        return _cluster_client(target, options)
     pool = BlockingConnectionPool.from_url(url, timeout=POOL_WAIT_S, **options)
     return Redis.from_pool(pool)
+
+
+def _cluster_client(target: redis_target.Target, options: dict[str, Any]) -> Redis:
+    """redis-py's cluster client: slots from the nodes, MOVED/ASK and failover followed.
+
+    It offers what the services use of :class:`Redis` (commands, scripts, pipelines, and
+    transactions whose keys share a slot), so they take it as one.
+    """
+    server = _server_options(target)
+    server.pop("db", None)
+    options = {k: v for k, v in options.items() if k != "retry_on_error"}
+    nodes = [ClusterNode(host, port) for host, port in target.cluster]
+    return cast(Redis, RedisCluster(startup_nodes=nodes, **server, **options))
 
 
 def connect_sync(url: str, **options: Any) -> redis.Redis:
     """A blocking client for ``url`` (for a thread that has no event loop, as the exporter's)."""
     target = redis_target.parse(url)
+    if target.is_cluster:
+        server = {k: v for k, v in _server_options(target).items() if k != "db"}
+        nodes = [
+            redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
+            for host, port in target.cluster
+        ]
+        cluster = redis.cluster.RedisCluster(startup_nodes=nodes, **server, **options)
+        return cast(redis.Redis, cluster)
     if not target.is_sentinel:
         return redis.Redis.from_url(url, **options)
     sentinel, server = _sentinel_options(target)
@@ -67,13 +92,23 @@ def _sentinel_client(target: redis_target.Target, options: dict[str, Any]) -> Re
     return client
 
 
-def _sentinel_options(target: redis_target.Target) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The options of the connections to the Sentinels, and to the servers they name."""
+def _server_options(target: redis_target.Target) -> dict[str, Any]:
+    """The URL's options for the servers, less the placeholder address.
+
+    Sentinel or the cluster replaces the address; TLS is ``ssl=True`` (their clients pick
+    the connection class).
+    """
     server = dict(parse_url(target.url))
     for placeholder in ("host", "port"):
         server.pop(placeholder, None)
     if server.pop("connection_class", None) is SSLConnection:
-        server["ssl"] = True  # redis-py's Sentinel pool picks its TLS connection class
+        server["ssl"] = True
+    return server
+
+
+def _sentinel_options(target: redis_target.Target) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The options of the connections to the Sentinels, and to the servers they name."""
+    server = _server_options(target)
     sentinel_options = {
         key.removeprefix("sentinel_"): value for key, value in target.sentinel_auth.items()
     }

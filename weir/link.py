@@ -80,6 +80,10 @@ class HotLink(Protocol):
 
     async def close(self) -> None: ...
 
+    def slot_of(self, key: str) -> int:
+        """The Redis Cluster slot of ``key``; 0 for every key on one server."""
+        ...
+
 
 @dataclass(slots=True)
 class _Waiter:
@@ -171,6 +175,8 @@ class Link:
         the time a blocking command may itself wait): commands already sent may or may not
         have run.
         """
+        if not commands:
+            return []
         protocol = self._protocol
         if protocol is None or protocol.closed:
             protocol = await self._connect()
@@ -198,6 +204,9 @@ class Link:
         if not isinstance(results, list):
             raise ResponseError(f"transaction did not run: {results!r}")
         return raise_errors(results)
+
+    def slot_of(self, key: str) -> int:
+        return 0  # one server: every key on one "slot"
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None

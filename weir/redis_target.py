@@ -1,4 +1,4 @@
-"""Where the mesh's Redis is: one server, or a primary that Redis Sentinel names.
+"""Where the mesh's Redis is: one server, a primary that Redis Sentinel names, or a cluster.
 
 ``--redis-url`` (``WEIR_REDIS_URL``) takes redis-py's URLs for one server (``redis://``,
 ``rediss://`` for TLS, ``unix://``) and, for a primary/replica set watched by Sentinel::
@@ -12,6 +12,14 @@ and the Sentinels. Two options are the Sentinels' own and go to them only:
 ``sentinel_username`` and ``sentinel_password``; every other option (``ssl_ca_certs``,
 ``socket_timeout``, ...) is redis-py's, as in a plain URL.
 
+For a Redis Cluster::
+
+    redis+cluster://[[user]:password@]host[:port][,host[:port]...][/0][?options]
+
+The hosts are some of the cluster's nodes (port 6379 when none is given; one is enough,
+more in case it is down): the clients learn the others, and which slots each serves, from
+them. ``rediss+cluster://`` speaks TLS; the options are redis-py's, as in a plain URL.
+
 Each connection asks the Sentinels for the primary's address when it connects, and checks
 that the server it reached says it is the primary (``ROLE``), so after a failover every
 service reconnects to the promoted replica on its own.
@@ -21,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
+
+from weir import cluster_slots
 
 SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 SENTINEL_PORT = 26379
@@ -40,15 +50,23 @@ class Target:
     sentinels: tuple[tuple[str, int], ...] = ()
     service: str = ""
     sentinel_auth: dict[str, str] = field(default_factory=dict)
+    # A cluster's startup nodes: any of its nodes, which tell where the others are.
+    cluster: tuple[tuple[str, int], ...] = ()
 
     @property
     def is_sentinel(self) -> bool:
         return bool(self.sentinels)
 
+    @property
+    def is_cluster(self) -> bool:
+        return bool(self.cluster)
+
 
 def parse(url: str) -> Target:
-    """``url`` as a :class:`Target`; ValueError, saying what is wrong, for a bad Sentinel URL."""
+    """``url`` as a :class:`Target`; ValueError, saying what is wrong, for a bad URL."""
     scheme, sep, _ = url.partition("://")
+    if sep and scheme.lower() in cluster_slots.CLUSTER_SCHEMES:
+        return _parse_cluster(url)
     if not sep or scheme.lower() not in SENTINEL_SCHEMES:
         return Target(url)
     parts = urlsplit(url)
@@ -75,6 +93,11 @@ def parse(url: str) -> Target:
     return Target(plain, sentinels, path[0], auth)
 
 
+def _parse_cluster(url: str) -> Target:
+    nodes, plain = cluster_slots.parse_cluster_url(url)
+    return Target(plain, cluster=tuple(nodes))
+
+
 def _address(host: str, url: str) -> tuple[str, int]:
     if host.startswith("["):  # [ipv6]:port
         name, _, port = host[1:].partition("]")
@@ -82,7 +105,7 @@ def _address(host: str, url: str) -> tuple[str, int]:
     else:
         name, _, port = host.rpartition(":") if ":" in host else (host, "", "")
     if port and not port.isdigit():
-        raise ValueError(f"the Redis URL {_safe(url)} has a bad Sentinel port in {host!r}")
+        raise ValueError(f"the Redis URL {_safe(url)} has a bad port in {host!r}")
     return name, int(port) if port else SENTINEL_PORT
 
 

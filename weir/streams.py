@@ -14,7 +14,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from weir.link import Arg, Command, Link
+from weir.fanin import FanIn
+from weir.link import Arg, Command, HotLink
 
 
 @dataclass(frozen=True, slots=True)
@@ -33,6 +34,8 @@ class StreamGroup:
         self.redis = redis
         self.group = group
         self.consumer = consumer
+        # Each reading link's blocking reads, split by cluster slot (weir.fanin).
+        self._fanins: dict[HotLink, FanIn] = {}
 
     async def ensure(self, streams: list[str]) -> None:
         """Create the group on each stream (and the stream itself) if missing."""
@@ -45,7 +48,7 @@ class StreamGroup:
 
     async def read(
         self,
-        link: Link,
+        link: HotLink,
         streams: list[str],
         count: int,
         block_ms: int,
@@ -63,20 +66,28 @@ class StreamGroup:
         command: list[Arg] = ["XREADGROUP", "GROUP", self.group, self.consumer, "COUNT", count]
         if block_ms:
             command += ["BLOCK", block_ms]
-        command += ["STREAMS", *streams, *([start] * len(streams))]
-        (reply,) = await link.call(command, block_s=block_ms / 1000)
-        if isinstance(reply, ResponseError):
-            # A Redis that restarted without its data has lost the groups: make them again.
-            if "NOGROUP" not in str(reply):
-                raise reply
-            await self.ensure(streams)
-            return []
-        return [
-            Entry(_text(stream), entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
-            for stream, entries in reply or []
-            for entry_id, flat in entries
-            if flat is not None  # an entry deleted since its delivery
-        ]
+
+        def build(some: list[str]) -> Command:
+            return [*command, "STREAMS", *some, *([start] * len(some))]
+
+        fanin = self._fanins.get(link)
+        if fanin is None:
+            fanin = self._fanins[link] = FanIn(link)
+        found: list[Entry] = []
+        for reply in await fanin.read(build, streams, block_ms / 1000):
+            if isinstance(reply, ResponseError):
+                # A Redis that restarted without its data has lost the groups: make them again.
+                if "NOGROUP" not in str(reply):
+                    raise reply
+                await self.ensure(streams)
+                continue
+            found.extend(
+                Entry(_text(stream), entry_id, dict(zip(flat[::2], flat[1::2], strict=True)))
+                for stream, entries in reply or []
+                for entry_id, flat in entries
+                if flat is not None  # an entry deleted since its delivery
+            )
+        return found
 
     def ack(self, stream: str, ids: list[bytes]) -> Command:
         """The command that acks ``ids``; callers send it with what the entries produced."""

@@ -23,7 +23,8 @@ from redis.exceptions import RedisError
 from pipelines.route import Router
 from weir import names, stages, wire
 from weir.errors import DeadlineExceeded, ServerError, WeirError
-from weir.link import Command, Link
+from weir.link import Command, HotLink
+from weir.links import open_link
 from weir.reclaim import Reclaimer
 from weir.repository import ModelEntry
 from weir.retry import RetryWait
@@ -85,7 +86,7 @@ class WorkerLane:
 
     def __init__(
         self,
-        link: Link,
+        link: HotLink,
         group: StreamGroup,
         entry: ModelEntry,
         version: str,
@@ -94,7 +95,7 @@ class WorkerLane:
         router: Router,
     ) -> None:
         self.link = link  # the worker's, for transactions (they never block)
-        self.read_link = Link(
+        self.read_link = open_link(
             settings.redis_url, settings.redis_timeout_s
         )  # this lane's own, for blocking reads
         self.group = group

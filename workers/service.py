@@ -33,7 +33,7 @@ from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
-from weir.link import Link
+from weir.links import open_link
 from weir.liveness import Heartbeat
 from weir.repository import ModelEntry, Repository
 from weir.service import Service, TaskSet
@@ -69,7 +69,7 @@ class Worker(Service):
         self.worker_id = f"{settings.pool}-{settings.name or uuid.uuid4().hex[:12]}"
         self.redis = connect(settings.redis_url, retries=settings.redis_retries)
         self.group = StreamGroup(self.redis, names.WORKER_GROUP, self.worker_id)
-        self.link = Link(
+        self.link = open_link(
             settings.redis_url, settings.redis_timeout_s
         )  # the lanes' transactions (see weir.link)
         self.runs: dict[LaneKey, LaneRun] = {}

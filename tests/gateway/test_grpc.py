@@ -34,6 +34,8 @@ from tests.weir_up import port_open, weir_up
 from weir import errors
 from weir.redis_server import free_port
 
+pytestmark = pytest.mark.cluster_too
+
 INFERENCE_TOKEN = "grpc-infer-secret"
 MANAGEMENT_TOKEN = "grpc-admin-secret"
 

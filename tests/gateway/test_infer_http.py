@@ -15,6 +15,8 @@ import torch
 
 from tests.conftest import Mesh
 
+pytestmark = pytest.mark.cluster_too
+
 
 def reference(build_models: ModuleType, model: str, batch: np.ndarray) -> np.ndarray:
     module = build_models.reference_module(model)

@@ -16,8 +16,7 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.conftest import Mesh, start_mesh
-from weir.redis_server import RedisServer
+from tests.conftest import Mesh, private_redis, start_mesh
 
 HANDLER = """
 import numpy as np
@@ -70,14 +69,22 @@ def write_pipeline(root: Path) -> None:
     (root / "combo" / "config.yaml").write_text(yaml.safe_dump(config))
 
 
-@pytest.fixture(scope="module")
-def pipeline_mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
+# On a cluster the three steps' models lie on three different primaries (slots 7395, 15608
+# and 1943 of the 0-5460, 5461-10922, 10923-16383 split redis-cli makes), and the route's
+# hash on a fourth slot: every hop of the route crosses slots.
+@pytest.fixture(scope="module", params=["single", "cluster"])
+def pipeline_mesh(
+    tmp_path_factory: pytest.TempPathFactory, request: pytest.FixtureRequest
+) -> Iterator[Mesh]:
     root = tmp_path_factory.mktemp("pipeline-models")
     write_model(root, "double", ["X"], ["Y"])
     write_model(root, "square", ["X"], ["Y"])
     write_model(root, "add", ["A", "B"], ["S"])
     write_pipeline(root)
-    with RedisServer() as server:
+    with private_redis(request.param) as server:
+        if request.param == "cluster":
+            primaries = {server.primary_of(f"{{{m}}}").port for m in ("double", "square", "add")}
+            assert len(primaries) == 3
         mesh = start_mesh(server.url, root)
         yield mesh
         mesh.stop()

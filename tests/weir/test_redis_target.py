@@ -39,7 +39,7 @@ def test_sentinel_url() -> None:
         ("redis+sentinel://s1:26379", "must name the service"),
         ("redis+sentinel://s1/m/x/y", "must name the service"),
         ("redis+sentinel://s1/m/zero", "has database 'zero'"),
-        ("redis+sentinel://s1:port/m", "bad Sentinel port"),
+        ("redis+sentinel://s1:port/m", "bad port"),
         ("redis+sentinel:///m", "names no Sentinel host"),
     ],
 )
