@@ -45,6 +45,10 @@ from weir.wire import InferReply, InferRequest
 
 logger = logging.getLogger(__name__)
 
+# How often a gateway on a Redis Cluster asks which primary serves each slot, so that a
+# failover of a primary it sends nothing to any more is noticed too.
+TOPOLOGY_CHECK_S = 1.0
+
 
 class MeshClient:
     """Sends requests into the mesh and matches the replies that come back."""
@@ -69,6 +73,7 @@ class MeshClient:
         # queued (gateway.resubmission).
         self.reply_link = open_link(settings.redis_url, settings.redis_timeout_s, identify=True)
         self.resubmitter = Resubmitter(self._resend, self._fail)
+        self._topology_checked_s = time.monotonic()
         self._ids = itertools.count()
         self.canceller = Canceller(self.admission.link)
         # Why the last reply read failed; None once one succeeds (see read_replies).
@@ -257,7 +262,7 @@ class MeshClient:
         stream = self.reply_stream
         count, block_ms = self.settings.reply_read_count, self.settings.reply_block_ms
         await self.reply_link.connect()
-        if self.resubmitter.server_changed(self.reply_link.server_id):
+        if self.resubmitter.server_changed(await self._servers()):
             # Another server: its reply stream may lack entries, or not be there at all
             # (replies never create one), and its entry ids need not follow the last one
             # read. Make it, read it from the start, and queue again what it may have lost.
@@ -298,6 +303,22 @@ class MeshClient:
         future = self.waiting.get(reply.id)
         if future is not None and not future.done():
             future.set_result(reply)
+
+    async def _servers(self) -> tuple[bytes | None, int]:
+        """What identifies the Redis servers behind the mesh now (gateway.resubmission).
+
+        One server: the run_id the reply connection reached. A cluster: how often a slot's
+        primary changed, in the admission link's map, fetched again every TOPOLOGY_CHECK_S.
+        """
+        link = self.admission.link
+        now_s = time.monotonic()
+        if now_s >= self._topology_checked_s + TOPOLOGY_CHECK_S:
+            self._topology_checked_s = now_s
+            try:
+                await link.refresh()
+            except RedisError as exc:
+                logger.warning("could not learn the Redis servers again: %s", exc)
+        return self.reply_link.server_id, link.epoch
 
     async def _resend(self, accepted: Accepted) -> None:
         if accepted.entry.config.is_ensemble:

@@ -7,7 +7,9 @@ requests those writes queued, and the replies to them, are then gone, while the 
 still wait. The gateway holds every request it is waiting on, so it can put them back.
 
 Its reply reader records the ``run_id`` of the server its connection reaches (each Redis
-process has its own). When a reconnect reaches a different one, the gateway re-submits
+process has its own); on a Redis Cluster, where a connection reaches many, it counts the
+slots whose primary changed in the slot map it fetches again every second. When a
+reconnect reaches a different server, or a slot another primary, the gateway re-submits
 every request it accepted and has not answered, with the same request id and deadline, past
 the queue limits (they were admitted once). Some of them may have survived and run twice:
 the gateway answers each request once, with the first reply, and drops the other, as it
@@ -61,14 +63,21 @@ class Resubmitter:
         self.send = send
         self.fail = fail
         self.accepted: dict[str, Accepted] = {}
-        self.server_id: bytes | None = None
+        self.servers: tuple[bytes | None, int] | None = None
         self.resubmitted = 0  # requests re-submitted in the gateway's life
         self._tasks: set[asyncio.Task[None]] = set()
 
-    def server_changed(self, server_id: bytes | None) -> bool:
-        """Record the server the replies are read from; True when it is not the last one."""
-        last, self.server_id = self.server_id, server_id
-        return last is not None and server_id is not None and server_id != last
+    def server_changed(self, servers: tuple[bytes | None, int]) -> bool:
+        """Record the servers behind the mesh; True when they are not the last ones.
+
+        ``servers``: the run_id the reply connection reached (None when not known) and the
+        cluster's count of slots that changed primary.
+        """
+        last, self.servers = self.servers, servers
+        if last is None:
+            return False
+        (last_id, last_epoch), (server_id, epoch) = last, servers
+        return epoch != last_epoch or (None not in (last_id, server_id) and server_id != last_id)
 
     def resubmit_all(self) -> None:
         """Queue every accepted request again, in the background."""

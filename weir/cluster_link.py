@@ -125,6 +125,9 @@ class ClusterLink:
         self._unreachable: set[Address] = set()  # nodes whose connection failed last
         self._refreshing: asyncio.Task[None] | None = None
         self._map_version = 0  # counts the maps fetched
+        # Counts the changes of a slot's primary seen (a failover, or slots moved): the new
+        # one may lack writes the old one acknowledged (gateway.resubmission).
+        self.epoch = 0
         self._backoff = backoff()
 
     async def connect(self) -> None:
@@ -135,6 +138,10 @@ class ClusterLink:
         """
         if not self._owners:
             await self._fetch_map()
+
+    async def refresh(self) -> None:
+        """Fetch the slot map again now (a change moves :attr:`epoch`)."""
+        await self._fetch_map()
 
     def slot_of(self, key: str) -> int:
         """The Redis Cluster slot of ``key``."""
@@ -254,8 +261,9 @@ class ClusterLink:
         address = cluster_slots.redirect_address(where, run.address)
         if kind == "ASK":
             return address, True
-        if self._owners:
+        if self._owners and self._owners[int(slot)] != address:
             self._owners[int(slot)] = address  # until the fetched map says better
+            self.epoch += 1
         await self._refresh(call)
         return address, False
 
@@ -314,7 +322,10 @@ class ClusterLink:
             except RedisError as exc:
                 problems.append(f"{address[0]}:{address[1]}: {exc}")
                 continue
-            self._owners = cluster_slots.owners(ranges)
+            owners = cluster_slots.owners(ranges)
+            if self._owners and owners != self._owners:
+                self.epoch += 1
+            self._owners = owners
             self._primaries = list(dict.fromkeys(address for _, _, address in ranges))
             self._map_version += 1
             return

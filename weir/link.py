@@ -70,7 +70,15 @@ def pack(commands: Iterable[Command]) -> bytes:
 class HotLink(Protocol):
     """What the services use of a hot-path link: :class:`Link`, or a cluster's."""
 
+    # With ``identify``: the run_id of the one server reached (None on a cluster).
     server_id: bytes | None
+    # Changes of the servers behind the link that it learned of without reconnecting (a
+    # cluster's slot moving to another primary); always 0 for one server.
+    epoch: int
+
+    async def refresh(self) -> None:
+        """Learn the servers behind the link again (a cluster's slot map); else nothing."""
+        ...
 
     async def connect(self) -> None: ...
 
@@ -158,6 +166,7 @@ class Link:
         self.identify = identify
         # The run_id of the server the current connection reached (with ``identify``).
         self.server_id: bytes | None = None
+        self.epoch = 0  # one server: a change shows in server_id
         self._protocol: _Protocol | None = None
         self._connecting = asyncio.Lock()
 
@@ -207,6 +216,9 @@ class Link:
 
     def slot_of(self, key: str) -> int:
         return 0  # one server: every key on one "slot"
+
+    async def refresh(self) -> None:
+        return None  # one server: it reconnects by itself
 
     async def close(self) -> None:
         protocol, self._protocol = self._protocol, None

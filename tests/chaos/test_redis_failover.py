@@ -23,6 +23,7 @@ import torch
 
 from tests.chaos.helpers import Outcome, Topology, closed_loop, private_repository
 from tests.conftest import wait_until
+from tests.redis_cluster import ClusterSet
 from tests.replicated_redis import SentinelSet
 from weir.redis_server import RedisServer, free_port
 
@@ -123,6 +124,34 @@ def test_sentinel_failover_loses_no_request(
 
         outcomes, window, log = run_through(
             sentinel.url, kill_primary, tmp_path, example_repository, build_models
+        )
+    check(outcomes, window, log)
+
+
+@pytest.mark.timeout(180)
+def test_cluster_failover_loses_no_request(
+    tmp_path: Path, example_repository: Path, build_models: ModuleType
+) -> None:
+    with ClusterSet() as cluster:
+        primary = cluster.primary_of("{tiny_mlp}")
+        (replica_port,) = [r for r, p in cluster._primary_of_replica.items() if p == primary.port]
+        replica = cluster.node(replica_port)
+
+        def kill_primary(batcher: Popen[bytes]) -> None:
+            # As with Sentinel: the model's replica loses its link while its primary takes
+            # writes, then the primary dies and the replica, behind, is promoted.
+            assert replica.process is not None
+            replica.process.send_signal(signal.SIGSTOP)
+            with redis.Redis(port=primary.port) as client:
+                client.client_kill_filter(_type="replica")
+            batcher.send_signal(signal.SIGSTOP)
+            time.sleep(REDIS_ONLY_S)
+            primary.kill()
+            replica.process.send_signal(signal.SIGCONT)
+            cluster.wait_failover(primary.port, 30)
+
+        outcomes, window, log = run_through(
+            cluster.url, kill_primary, tmp_path, example_repository, build_models
         )
     check(outcomes, window, log)
 
