@@ -23,9 +23,9 @@ from redis.exceptions import RedisError
 from batcher.policy import BatchQueue, Queued
 from weir import names, stages, wire
 from weir.errors import DeadlineExceeded
-from weir.link import Command, HotLink
+from weir.redis_io.link import Command, HotLink
+from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry
-from weir.retry import RetryWait
 from weir.stats import Field
 from weir.streams import Entry, StreamGroup
 from weir.wire import InferReply

@@ -25,16 +25,16 @@ from redis.exceptions import RedisError
 from batcher.lane import BatcherLane
 from weir import names
 from weir.cancels import CancelWatch
-from weir.connection import connect
 from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
-from weir.links import open_link
 from weir.liveness import Heartbeat, live_consumers
 from weir.reclaim import Reclaimer
+from weir.redis_io.connection import connect
+from weir.redis_io.links import open_link
+from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry, Repository
-from weir.retry import RetryWait
 from weir.service import Service, TaskSet
 from weir.settings import BatcherSettings
 from weir.streams import Entry, StreamGroup, group_info

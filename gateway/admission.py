@@ -10,7 +10,7 @@ Requests are coalesced: every request that arrives while the previous flush is o
 to Redis waits for the next one, and a flush is one round trip for all of them (one script
 call per model and version, pipelined). At concurrency 1 a request goes out at once, alone;
 under load a gateway pays the per-command cost once per flush, not per request. Flushes go
-over the gateway's own hot-path connection (:class:`~weir.link.Link`, or a cluster's).
+over the gateway's own hot-path connection (:class:`~weir.redis_io.link.Link`, or a cluster's).
 
 Redis runs under ``maxmemory-policy noeviction``: past ``maxmemory`` it refuses every write,
 and every command of a MULTI (XACK and DECRBY too), which is how the batcher and the workers
@@ -30,7 +30,7 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from weir import stages
-from weir.link import Arg, Command, HotLink
+from weir.redis_io.link import Arg, Command, HotLink
 
 ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
 # Redis's used memory is read at most this often: INFO costs Redis more than an admission.

@@ -34,9 +34,9 @@ from gateway.torchserve.front import TorchServeFront
 from gateway.torchserve.inference_routes import router as torchserve_inference_router
 from gateway.torchserve.management_routes import router as torchserve_management_router
 from weir import __version__
-from weir.connection import connect
 from weir.control.mode import ControlMode
 from weir.errors import WeirError
+from weir.redis_io.connection import connect
 from weir.repository import Repository
 from weir.service import TaskSet
 from weir.settings import GatewaySettings

@@ -16,7 +16,7 @@ from collections.abc import Iterable
 from redis.exceptions import RedisError
 
 from weir.cancels import notice
-from weir.link import HotLink, raise_errors
+from weir.redis_io.link import HotLink, raise_errors
 
 logger = logging.getLogger(__name__)
 

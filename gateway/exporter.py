@@ -28,8 +28,8 @@ from prometheus_client.registry import Collector
 from gateway.metrics_server import ScrapeLimits, serve_metrics
 from weir import names
 from weir.config import Backend
-from weir.connection import connect_sync
 from weir.control.desired import DesiredState
+from weir.redis_io.connection import connect_sync
 from weir.repository import ModelEntry
 from weir.stats import Field, batch_sizes
 

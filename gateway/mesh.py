@@ -35,10 +35,10 @@ from weir.errors import (
     Unavailable,
     WeirError,
 )
-from weir.link import raise_errors
-from weir.links import open_link
+from weir.redis_io.link import raise_errors
+from weir.redis_io.links import open_link
+from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry
-from weir.retry import RetryWait
 from weir.settings import GatewaySettings
 from weir.stats import Stamp
 from weir.wire import InferReply, InferRequest
@@ -62,7 +62,7 @@ class MeshClient:
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
         self.inflight_bytes = 0  # the input bytes of the requests in self.waiting
         # The hot path's own connections: one shared by admissions, one for the blocking
-        # reply reads (see weir.link).
+        # reply reads (see weir.redis_io.link).
         check_open = settings.model_control_mode is not ControlMode.NONE
         self.admission = Admission(
             open_link(settings.redis_url, settings.redis_timeout_s),
@@ -236,8 +236,9 @@ class MeshClient:
         """The reader task: runs for the gateway's life, whatever a read raises.
 
         A read that fails (Redis unreachable, the stream key replaced, anything else) is
-        retried after a backoff (weir.retry); until a read succeeds again, :attr:`reader_failure`
-        says why and the gateway is not ready (gateway.health), since no reply can reach it.
+        retried after a backoff (weir.redis_io.retry); until a read succeeds again,
+        :attr:`reader_failure` says why and the gateway is not ready (gateway.health), since
+        no reply can reach it.
         """
         last_id = b"0-0"
         retry = RetryWait()

@@ -29,8 +29,8 @@ from redis.exceptions import RedisError
 from gateway.codec import InferBody
 from weir import wire
 from weir.errors import Unavailable, WeirError
+from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry
-from weir.retry import RetryWait
 from weir.wire import InferRequest
 
 logger = logging.getLogger(__name__)

@@ -23,7 +23,7 @@ import httpx
 import pytest
 
 from weir import names
-from weir.connection import connect_sync
+from weir.redis_io.connection import connect_sync
 from weir.redis_server import RedisServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -204,9 +204,11 @@ def private_redis(kind: str = "single") -> Iterator[Any]:
 
 
 @contextmanager
-def private_mesh(repository: Path, env_extra: dict[str, str] | None = None) -> Iterator[Mesh]:
-    """A mesh on a redis-server of its own; both stop on leaving."""
-    with RedisServer() as server:
+def private_mesh(
+    repository: Path, env_extra: dict[str, str] | None = None, kind: str = "single"
+) -> Iterator[Mesh]:
+    """A mesh on a Redis of its own (:func:`private_redis`); both stop on leaving."""
+    with private_redis(kind) as server:
         running = start_mesh(server.url, repository, env_extra)
         try:
             yield running

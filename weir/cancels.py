@@ -21,10 +21,10 @@ from collections.abc import Callable
 
 from redis.exceptions import RedisError, ResponseError
 
-from weir.fanin import FanIn
-from weir.link import Arg, Command
-from weir.links import open_link
-from weir.retry import RetryWait
+from weir.redis_io.fanin import FanIn
+from weir.redis_io.link import Arg, Command
+from weir.redis_io.links import open_link
+from weir.redis_io.retry import RetryWait
 
 logger = logging.getLogger(__name__)
 

@@ -14,7 +14,7 @@ from typing import cast
 from redis.asyncio import Redis
 
 from weir import names, wire
-from weir.connection import connect
+from weir.redis_io.connection import connect
 
 _DEAD = re.compile(r"^weir:\{(?P<model>[^}]+)\}:(?P<version>[^:]+):dead$")
 

@@ -14,8 +14,8 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from weir import redis_target
 from weir.control.mode import ControlMode
+from weir.redis_io import redis_target
 
 
 def _shared(name: str, default: Any, **kwargs: Any) -> Any:

@@ -25,7 +25,7 @@ from typing import Any
 from redis.exceptions import ResponseError
 
 from weir import names, wire
-from weir.link import Arg, Command, HotLink, raise_errors
+from weir.redis_io.link import Arg, Command, HotLink, raise_errors
 
 # KEYS: counter, stream, the model's serving set. ARGV: the version to find in the serving
 # set ('' : no check), then for each entry its max_queue_size (0: unbounded), its number of

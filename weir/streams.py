@@ -2,7 +2,7 @@
 
 A service creates its group on each stream it reads (only BUSYGROUP is ignored), reads new
 entries from many streams in one ``XREADGROUP`` with ``BLOCK``/``COUNT`` (over a hot-path
-:class:`~weir.link.Link`), and acks explicitly, inside the same transaction that writes the
+:class:`~weir.redis_io.link.Link`), and acks explicitly, inside the same transaction that writes the
 entry's effect, so nothing is acked before what it produced is in Redis.
 """
 
@@ -14,8 +14,8 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from weir.fanin import FanIn
-from weir.link import Arg, Command, HotLink
+from weir.redis_io.fanin import FanIn
+from weir.redis_io.link import Arg, Command, HotLink
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,7 +34,7 @@ class StreamGroup:
         self.redis = redis
         self.group = group
         self.consumer = consumer
-        # Each reading link's blocking reads, split by cluster slot (weir.fanin).
+        # Each reading link's blocking reads, split by cluster slot (weir.redis_io.fanin).
         self._fanins: dict[HotLink, FanIn] = {}
 
     async def ensure(self, streams: list[str]) -> None:

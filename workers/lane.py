@@ -2,12 +2,12 @@
 
 The reader takes batches only while an instance is free, so a busy worker leaves batches on
 the stream for its peers; now and then it first claims batches that a dead worker left
-pending. Each instance decodes, runs and encodes a batch in an executor thread, then one
-pipeline writes every reply (and a pipeline's next steps) and, in a transaction after
-them, records the batch's counters, returns a credit to the batchers and acks the batch
-(weir.stages): a batch is acked only after everything it produced is written. A batch
-delivered too often is dead-lettered and each of its requests answered with an error, so a
-poison input cannot crash-loop a pool.
+pending, and hands those delivered too often to be dead-lettered. Each instance decodes,
+runs and encodes a batch, in an executor thread unless the lane's batches compute faster
+than a trip through one, and hands what the batch produced (an :class:`Outcome`) to the
+lane's :class:`~workers.write_back.WriteBack`, which writes it and acks the batch; a batch
+that cannot be processed is dead-lettered there too. Draining waits until every batch taken
+is written and acked.
 """
 
 from __future__ import annotations
@@ -15,70 +15,26 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from concurrent.futures import Executor
 
 from redis.exceptions import RedisError
 
 from pipelines.route import Router
-from weir import names, stages, wire
-from weir.errors import DeadlineExceeded, ServerError, WeirError
-from weir.link import Command, HotLink
-from weir.links import open_link
+from weir import names, wire
+from weir.errors import DeadlineExceeded
 from weir.reclaim import Reclaimer
+from weir.redis_io.link import HotLink
+from weir.redis_io.links import open_link
+from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry
-from weir.retry import RetryWait
 from weir.settings import WorkerSettings
-from weir.stats import (
-    COMPUTE_PHASES,
-    REQUEST_PHASES,
-    Field,
-    Stamp,
-    batch_phase_field,
-    batch_size_field,
-    outcome_fields,
-    phase_field,
-)
 from weir.streams import Entry, StreamGroup
-from weir.wire import InferReply, InferRequest
 from workers.batch_wait import never, sort_requests
-from workers.execution import BatchRunner, Execution
+from workers.execution import BatchRunner
+from workers.write_back import Outcome, WriteBack, decode_requests, failure_reply, phase_totals
 
 logger = logging.getLogger(__name__)
-
-
-# KEYS: the statistics hash. ARGV: the batch's last_inference (unix ms, 0 for none), then
-# field, increment, field, increment ... last_inference only ever moves forward.
-_ADD_STATS = """
-local last = tonumber(ARGV[1])
-if last > tonumber(redis.call('HGET', KEYS[1], 'last_inference') or '0') then
-  redis.call('HSET', KEYS[1], 'last_inference', ARGV[1])
-end
-for i = 2, #ARGV, 2 do
-  redis.call('HINCRBY', KEYS[1], ARGV[i], ARGV[i + 1])
-end
-"""
-
-
-class Outcome:
-    """What one batch produced, ready to write."""
-
-    __slots__ = (
-        "answered", "compute_ns", "executions", "forwards", "last_inference_ms", "phases",
-        "replies", "routed",
-    )  # fmt: skip
-
-    def __init__(self) -> None:
-        self.replies: list[tuple[str, bytes]] = []
-        self.executions: list[Execution] = []
-        self.compute_ns = 0
-        self.answered = 0
-        self.last_inference_ms = 0  # when a backend call of the batch last succeeded
-        # Per request, summed: success/fail counts and nanoseconds, queue and compute time.
-        self.phases: dict[str, int] = {}
-        # Pipeline steps that finished, and the step requests they lead to.
-        self.routed: list[tuple[InferRequest, InferReply]] = []
-        self.forwards: list[tuple[InferRequest, int]] = []
 
 
 class WorkerLane:
@@ -94,7 +50,6 @@ class WorkerLane:
         settings: WorkerSettings,
         router: Router,
     ) -> None:
-        self.link = link  # the worker's, for transactions (they never block)
         self.read_link = open_link(
             settings.redis_url, settings.redis_timeout_s
         )  # this lane's own, for blocking reads
@@ -104,11 +59,8 @@ class WorkerLane:
         self.stamp = entry.stamp(version)  # the config and files it loaded (model control)
         self.runners = runners
         self.settings = settings
-        self.router = router
         self.stream = names.batch_stream(entry.name, version)
-        self.stats_key = names.model_stats(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
-        self.dead_stream = names.dead_letter_stream(entry.name, version)
         self.cancel_stream = names.cancel_stream(entry.name, version)
         self.is_canceled: Callable[[str], bool] = never  # the worker's cancel watch's
         self.reclaimer = Reclaimer(group, settings.reclaim_idle_ms, settings.max_deliveries)
@@ -117,14 +69,21 @@ class WorkerLane:
         self.queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize=len(runners))
         self.compute_ewma_ns: int | None = None  # recent compute time of a batch
         self.last_batch_s = 0.0  # monotonic time the last batch was written
+        # On the worker's link (its transactions never block), not the lane's reading one.
+        self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
 
     @property
     def label(self) -> str:
         return f"{self.entry.name}:{self.version}"
 
-    def credit(self, instances: int) -> Command:
-        """The command that gives the batchers a credit of ``instances`` free slots."""
-        return ("XADD", self.credit_stream, "*", wire.CREDITS, instances)
+    @property
+    def router(self) -> Router:
+        """Routes finished pipeline steps; the worker swaps it when its pipelines change."""
+        return self.write_back.router
+
+    @router.setter
+    def router(self, router: Router) -> None:
+        self.write_back.router = router
 
     async def read(self, should_exit: asyncio.Event) -> None:
         """Take batches while instances are free, until told to exit."""
@@ -170,7 +129,7 @@ class WorkerLane:
     async def _reclaim(self, slots: int) -> list[Entry]:
         claimed = await self.reclaimer.claim(self.stream, slots, self.held)
         for entry, deliveries in claimed.poisoned:
-            await self._dead_letter(entry, f"delivered {deliveries} times")
+            await self.write_back.dead_letter(entry, f"delivered {deliveries} times")
         if claimed.retry:
             logger.info(
                 "claimed %d batches of %s from dead workers", len(claimed.retry), self.label
@@ -190,9 +149,9 @@ class WorkerLane:
                 self._observe(outcome)
             except Exception as exc:
                 logger.exception("batch %s of %s cannot be processed", entry.id, self.label)
-                await self._dead_letter(entry, f"cannot be processed: {exc}")
+                await self.write_back.dead_letter(entry, f"cannot be processed: {exc}")
             else:
-                await self._write(entry.id, outcome)
+                await self.write_back.write(entry.id, outcome)
             finally:
                 self.last_batch_s = time.monotonic()
                 self.held.discard(entry.id)
@@ -213,14 +172,14 @@ class WorkerLane:
         self.compute_ewma_ns = sample if recent is None else (recent * 7 + sample) // 8
 
     def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
-        requests = _decode(entry)
+        requests = decode_requests(entry)
         live, expired, canceled = sort_requests(requests, time.time() * 1000, self.is_canceled)
         outcome = Outcome()
         started = time.perf_counter_ns()
         replies, outcome.executions = runner.run_batch(live, self.is_canceled) if live else ([], [])
         outcome.compute_ns = time.perf_counter_ns() - started
         by_id = {r.id: r for r in requests}
-        outcome.phases = _phase_totals(replies, by_id, [*expired, *canceled], wire.now_ns())
+        outcome.phases = phase_totals(replies, by_id, [*expired, *canceled], wire.now_ns())
         if any(e.phases_ns is not None for e in outcome.executions):
             outcome.last_inference_ms = time.time_ns() // 1_000_000
         for reply in replies:
@@ -231,149 +190,10 @@ class WorkerLane:
                 outcome.replies.append((request.reply_to, reply.encode()))
         for request in expired:
             error = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)  # expired while queued
-            outcome.replies.append((request.reply_to, _failure(request, error)))
+            outcome.replies.append((request.reply_to, failure_reply(request, error)))
         outcome.answered = len(requests)
         return outcome
-
-    async def _write(
-        self, entry_id: bytes, outcome: Outcome, dead: tuple[bytes, ...] | None = None
-    ) -> None:
-        """Write a batch's effects and ack it in one transaction, retrying while Redis is down."""
-        retry = RetryWait()
-        while True:
-            try:
-                if outcome.routed:
-                    effects = await self.router.advance(outcome.routed)
-                    outcome.routed = []
-                    outcome.replies.extend(effects.replies)
-                    outcome.forwards.extend(effects.requests)
-                outside, inside = self._effects(entry_id, outcome)
-                if dead is not None:
-                    inside.insert(0, ("XADD", self.dead_stream, "*", *dead))
-                await stages.effects(self.link, outside, inside)
-                return
-            except RedisError as exc:
-                logger.warning("writing replies of %s failed, retrying: %s", self.label, exc)
-                await retry.failed()
-
-    def _effects(self, entry_id: bytes, outcome: Outcome) -> tuple[list[Command], list[Command]]:
-        """The batch's effects on other slots (replies, forwards), and on its model's."""
-        outside = stages.answer(outcome.replies, self.settings.reply_maxlen)
-        outside.extend(stages.forward(request, batch) for request, batch in outcome.forwards)
-        commands: list[Command] = []
-        increments = _stat_increments(outcome)
-        if increments:
-            # EVAL, not EVALSHA: inside MULTI a script missing from a restarted Redis's cache
-            # would fail alone and the rest of the transaction would still commit.
-            last = outcome.last_inference_ms
-            commands.append(("EVAL", _ADD_STATS, 1, self.stats_key, last, *increments))
-        commands.append(stages.settle(self.entry.name, self.version, outcome.answered))
-        commands.append(self.credit(1))
-        commands.append(self.group.ack(self.stream, [entry_id]))
-        return outside, commands
-
-    async def _dead_letter(self, entry: Entry, reason: str) -> None:
-        """Park a batch on the dead-letter stream; answer each request with a 500."""
-        payload = entry.fields.get(wire.PAYLOAD, b"")
-        outcome = Outcome()
-        error = ServerError(
-            f"batch of model '{self.entry.name}' version '{self.version}' "
-            f"was dead-lettered: {reason}"
-        )
-        try:
-            requests = _decode(entry)
-        except Exception:
-            requests = []
-            logger.error("dead-lettered batch %s of %s is undecodable", entry.id, self.label)
-        for request in requests:
-            outcome.replies.append((request.reply_to, _failure(request, error)))
-        outcome.answered = len(requests)
-        outcome.phases = _phase_totals([], {}, requests, wire.now_ns())
-        logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
-        dead = (wire.PAYLOAD, payload, b"reason", reason.encode(), b"id", entry.id)
-        await self._write(entry.id, outcome, dead)
 
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
-
-
-def _stat_increments(outcome: Outcome) -> list[str | int]:
-    """Field, increment, field, increment ... for the model's statistics hash.
-
-    As Triton: executions, inferences and batch statistics count successful backend calls.
-    """
-    counts: dict[str, int] = {}
-    for execution in outcome.executions:
-        if execution.phases_ns is not None:
-            _count_execution(counts, execution.batch_size, execution.phases_ns)
-    if outcome.executions:
-        counts[Field.COMPUTE_NS] = outcome.compute_ns
-    counts.update(outcome.phases)
-    return [item for pair in counts.items() for item in pair]
-
-
-def _count_execution(counts: dict[str, int], size: int, phases_ns: tuple[int, ...]) -> None:
-    increments = {Field.EXECUTION_COUNT: 1, Field.INFERENCE_COUNT: size, batch_size_field(size): 1}
-    for phase, ns in zip(COMPUTE_PHASES, phases_ns, strict=True):
-        increments[batch_phase_field(phase, size)] = ns
-    for key, increment in increments.items():
-        counts[key] = counts.get(key, 0) + increment
-
-
-def _decode(entry: Entry) -> list[InferRequest]:
-    try:
-        return [InferRequest.decode(p) for p in wire.decode_batch(entry.fields[wire.PAYLOAD])]
-    except (KeyError, ValueError, TypeError) as exc:
-        raise WeirError(f"undecodable batch: {exc}") from exc
-
-
-def _failure(request: InferRequest, error: WeirError) -> bytes:
-    """An error reply; a pipeline step's goes to the pipeline request it serves."""
-    reply = InferReply.failure(request, error)
-    if request.route is not None:
-        reply.id = str(request.route["request_id"])
-        error_message = (
-            f"pipeline '{request.route['pipeline']}' step {request.route['step']} "
-            f"(model '{request.model}' version {request.version}): {error.message}"
-        )
-        reply.error = (error.kind, error_message)
-    return reply.encode()
-
-
-def _phase_totals(
-    replies: list[InferReply],
-    requests: Mapping[str, InferRequest],
-    failed: list[InferRequest],
-    end_ns: int,
-) -> dict[str, int]:
-    """Counts and summed nanoseconds of each phase over a batch's replies.
-
-    As Triton: a request's success or fail time runs from the gateway taking it to
-    ``end_ns``, when its batch is recorded; ``failed`` are requests answered without a run.
-    """
-    totals: dict[str, int] = {}
-    for reply in replies:
-        _add_request(totals, reply.error is None, requests[reply.id], end_ns)
-        if reply.error is None:
-            _add_phases(totals, reply.ts)
-    for request in failed:
-        _add_request(totals, False, request, end_ns)
-    return {k: v for k, v in totals.items() if v}
-
-
-def _add_request(
-    totals: dict[str, int], succeeded: bool, request: InferRequest, end_ns: int
-) -> None:
-    count, ns = outcome_fields(succeeded)
-    totals[count] = totals.get(count, 0) + 1
-    if Stamp.GATEWAY_IN in request.ts:
-        waited = max(end_ns - request.ts[Stamp.GATEWAY_IN], 0)
-        totals[ns] = totals.get(ns, 0) + waited
-
-
-def _add_phases(totals: dict[str, int], ts: Mapping[str, int]) -> None:
-    for phase in REQUEST_PHASES:
-        if phase.start in ts and phase.end in ts:
-            key = phase_field(phase)
-            totals[key] = totals.get(key, 0) + max(ts[phase.end] - ts[phase.start], 0)

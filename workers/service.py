@@ -27,14 +27,14 @@ from pipelines.graph import load_pipelines
 from pipelines.route import Router
 from weir import names, wire
 from weir.cancels import CancelWatch
-from weir.connection import connect
 from weir.control import uploads
 from weir.control.desired import DesiredState, DesiredStore
 from weir.control.follower import Follower, Retirement
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
-from weir.links import open_link
 from weir.liveness import Heartbeat
+from weir.redis_io.connection import connect
+from weir.redis_io.links import open_link
 from weir.repository import ModelEntry, Repository
 from weir.service import Service, TaskSet
 from weir.settings import WorkerSettings
@@ -71,7 +71,7 @@ class Worker(Service):
         self.group = StreamGroup(self.redis, names.WORKER_GROUP, self.worker_id)
         self.link = open_link(
             settings.redis_url, settings.redis_timeout_s
-        )  # the lanes' transactions (see weir.link)
+        )  # the lanes' transactions (see weir.redis_io.link)
         self.runs: dict[LaneKey, LaneRun] = {}
         self.loading: dict[LaneKey, str] = {}  # lanes loading, with the stamp they load
         self.failed: dict[tuple[str, str, str], str] = {}

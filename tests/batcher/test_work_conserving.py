@@ -17,8 +17,7 @@ import pytest
 import yaml
 
 from tests.chaos.helpers import tiny_body
-from tests.conftest import Mesh, start_mesh
-from weir.redis_server import RedisServer
+from tests.conftest import Mesh, private_redis, start_mesh
 
 DELAY_S = 3.0
 
@@ -36,8 +35,8 @@ def slow_delay_repository(
     return root
 
 
-def mesh_with(repository: Path, work_conserving: bool) -> Iterator[Mesh]:
-    with RedisServer() as server:
+def mesh_with(repository: Path, work_conserving: bool, kind: str = "single") -> Iterator[Mesh]:
+    with private_redis(kind) as server:
         env = {"WEIR_BATCHER_WORK_CONSERVING": str(work_conserving).lower()}
         mesh = start_mesh(server.url, repository, env)
         try:
@@ -54,8 +53,9 @@ def timed_request(mesh: Mesh) -> float:
     return time.monotonic() - started
 
 
-def test_an_idle_worker_gets_each_request_at_once(slow_delay_repository: Path) -> None:
-    for mesh in mesh_with(slow_delay_repository, work_conserving=True):
+@pytest.mark.parametrize("kind", ["single", "cluster"])
+def test_an_idle_worker_gets_each_request_at_once(kind: str, slow_delay_repository: Path) -> None:
+    for mesh in mesh_with(slow_delay_repository, work_conserving=True, kind=kind):
         elapsed = [timed_request(mesh) for _ in range(5)]
         assert max(elapsed) < DELAY_S / 2, elapsed
 

@@ -15,10 +15,10 @@ import redis
 import torch
 
 from tests.chaos.helpers import Topology, private_repository
-from tests.conftest import ROOT, wait_until
+from tests.conftest import ROOT, private_redis, wait_until
 from weir import wire
 from weir.errors import ErrorKind
-from weir.redis_server import RedisServer
+from weir.redis_io.connection import connect_sync
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest
 
@@ -54,13 +54,14 @@ def cli(redis_url: str, *args: str) -> str:
 
 
 @pytest.mark.timeout(90)
+@pytest.mark.parametrize("kind", ["single", "cluster"])
 def test_poison_batch_is_dead_lettered_answered_once_and_replayable(
-    tmp_path: Path, example_repository: Path, build_models: ModuleType
+    kind: str, tmp_path: Path, example_repository: Path, build_models: ModuleType
 ) -> None:
     repository = private_repository(example_repository, tmp_path / "models", ["tiny_mlp"])
     rows = np.random.default_rng(3).standard_normal((2, 64), dtype=np.float32)
-    with RedisServer() as server:
-        client = redis.Redis.from_url(server.url)
+    with private_redis(kind) as server:
+        client = connect_sync(server.url)
         # A batch a dead consumer has already been handed MAX_DELIVERIES times.
         client.xgroup_create(BATCHES, "workers", id="0", mkstream=True)
         # Replies go only to a stream that exists, as a live gateway keeps its own.

@@ -17,12 +17,12 @@ from typing import Any
 import httpx
 import numpy as np
 import pytest
-import redis
 import torch
 import yaml
 
 from tests.conftest import Mesh, private_mesh, wait_until
 from weir import names
+from weir.redis_io.connection import connect_sync
 
 MAX_QUEUE_SIZE = 4
 BURST = 48
@@ -63,12 +63,15 @@ def build_repository(build_models: ModuleType, root: Path) -> Path:
     return repository
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["single", "cluster"])
 def admission_mesh(
-    build_models: ModuleType, tmp_path_factory: pytest.TempPathFactory
+    build_models: ModuleType,
+    tmp_path_factory: pytest.TempPathFactory,
+    request: pytest.FixtureRequest,
 ) -> Iterator[Mesh]:
     repository = build_repository(build_models, tmp_path_factory.mktemp("admission"))
-    with private_mesh(repository, {"WEIR_WORKER_TORCH_THREADS": "1"}) as running:
+    env = {"WEIR_WORKER_TORCH_THREADS": "1"}
+    with private_mesh(repository, env, request.param) as running:
         yield running
 
 
@@ -102,7 +105,7 @@ def output_of(response: httpx.Response) -> np.ndarray:
 
 
 def queued(mesh: Mesh, model: str) -> int:
-    with redis.Redis.from_url(mesh.redis_url) as client:
+    with connect_sync(mesh.redis_url) as client:
         return int(client.get(names.queued_counter(model, "1")) or 0)
 
 
@@ -217,7 +220,7 @@ def test_default_timeout_microseconds_answers_504_in_tritons_words(admission_mes
 
 def test_a_queue_counter_below_zero_refuses_nothing(admission_mesh: Mesh) -> None:
     # Replies to requests queued before a Redis restart can take the counter below zero.
-    client = redis.Redis.from_url(admission_mesh.redis_url)
+    client = connect_sync(admission_mesh.redis_url)
     key = names.queued_counter(WIDE, "1")
     wait_until(lambda: queued(admission_mesh, WIDE) == 0, 10, "the wide_mlp queue to empty")
     client.set(key, -3)

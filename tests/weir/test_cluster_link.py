@@ -14,9 +14,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from tests.redis_cluster import ClusterSet
-from weir.cluster_link import MAX_RETRIES, ClusterLink, parse_cluster_url
-from weir.cluster_slots import command_keys, node_url, slot_of, split_units
-from weir.link import Link
+from weir.redis_io.cluster_link import MAX_RETRIES, ClusterLink, parse_cluster_url
+from weir.redis_io.cluster_slots import command_keys, node_url, slot_of, split_units
+from weir.redis_io.link import Link
 
 T = TypeVar("T")
 

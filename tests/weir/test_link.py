@@ -15,7 +15,7 @@ import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from weir.link import Link, pack
+from weir.redis_io.link import Link, pack
 from weir.redis_server import RedisServer
 
 T = TypeVar("T")

@@ -27,7 +27,7 @@ from tests.conftest import ROOT, Mesh, private_mesh, wait_until
 from weir import names
 from weir.cli import _overrides, _parser
 from weir.embedded import Embedded
-from weir.link import Link
+from weir.redis_io.link import Link
 from weir.redis_server import RedisServer
 from weir.settings import GatewaySettings, UpSettings
 

@@ -9,9 +9,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from tests.replicated_redis import SentinelSet
-from weir.connection import connect, connect_sync
-from weir.link import Link
-from weir.redis_target import parse
+from weir.redis_io.connection import connect, connect_sync
+from weir.redis_io.link import Link
+from weir.redis_io.redis_target import parse
 
 
 def test_plain_urls_pass_through() -> None:

@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from weir.link import Command, HotLink
+from weir.redis_io.link import Command, HotLink
 
 logger = logging.getLogger(__name__)
 

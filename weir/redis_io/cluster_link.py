@@ -1,11 +1,14 @@
-"""The hot-path link to a Redis Cluster: :class:`weir.link.Link`'s interface, a Link per node.
+"""The hot-path link to a Redis Cluster: :class:`~weir.redis_io.link.Link`'s interface.
+
+One Link per node serves it.
 
 A call's commands are cut into *runs*: consecutive commands whose slots one primary serves
-(:mod:`weir.cluster_slots` finds the slots; a keyless command goes with its neighbours, a
-``MULTI`` ... ``EXEC`` block is one unit whose keys must share a slot). The runs are sent
-in order, each awaited before the next, so every command runs after all those before it in
-the call, whatever node they went to (a reply is written before the ack that settles it).
-A command whose keys lie on several slots raises ValueError before anything is sent.
+(:mod:`weir.redis_io.cluster_slots` finds the slots; a keyless command goes with its
+neighbours, a ``MULTI`` ... ``EXEC`` block is one unit whose keys must share a slot). The
+runs are sent in order, each awaited before the next, so every command runs after all those
+before it in the call, whatever node they went to (a reply is written before the ack that
+settles it). A command whose keys lie on several slots raises ValueError before anything is
+sent.
 
 Redirections. Redis refuses a command for a slot it does not serve with ``MOVED`` (the
 slot lives elsewhere now: the slot map is fetched again, once per call, one fetch shared by
@@ -26,7 +29,7 @@ went. A ``MULTI`` block with a command refused while queueing is aborted by Redi
 (``EXEC`` answers ``EXECABORT``): nothing of it ran, and the whole block is resent.
 
 A lost or failed connection is raised to the caller as :class:`ConnectionError`, as with
-:class:`~weir.link.Link`: the commands may or may not have run, and retrying writes is the
+:class:`~weir.redis_io.link.Link`: the commands may or may not have run, and retrying writes is the
 caller's decision. The map is fetched again first (the node may have failed over), and the
 next call that would go to that node fetches it again before sending, so once a replica is
 promoted the next call reaches it.
@@ -34,9 +37,9 @@ promoted the next call reaches it.
 A blocking command (``XREAD BLOCK``) holds its connection until it returns: calls with
 ``block_s`` use a connection per slot (a Link for each slot read, made on first use), never
 one that non-blocking calls share (those share one Link per node). Reads of several slots
-(:mod:`weir.fanin`) then block side by side.
+(:mod:`weir.redis_io.fanin`) then block side by side.
 
-``identify`` is accepted for :class:`~weir.link.Link`'s interface and ignored: a cluster's
+``identify`` is accepted for :class:`~weir.redis_io.link.Link`'s interface and ignored: a cluster's
 data lies on several servers with a ``run_id`` each, so there is no one server whose change
 it could report, and :attr:`ClusterLink.server_id` stays None.
 """
@@ -51,10 +54,10 @@ from typing import Any
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
-from weir import cluster_slots
-from weir.cluster_slots import Address, SlotRange, Unit, parse_cluster_url
-from weir.link import CONNECT_TIMEOUT_S, REPLY_TIMEOUT_S, Command, Link, raise_errors
-from weir.retry import backoff
+from weir.redis_io import cluster_slots
+from weir.redis_io.cluster_slots import Address, SlotRange, Unit, parse_cluster_url
+from weir.redis_io.link import CONNECT_TIMEOUT_S, REPLY_TIMEOUT_S, Command, Link, raise_errors
+from weir.redis_io.retry import backoff
 
 __all__ = ["MAX_REDIRECTS", "MAX_RETRIES", "ClusterLink", "parse_cluster_url"]
 
@@ -150,7 +153,7 @@ class ClusterLink:
     async def call(self, *commands: Command, block_s: float = 0.0) -> list[Any]:
         """Send ``commands`` as a pipeline per node, in order; their replies, in order.
 
-        As :meth:`weir.link.Link.call`: an error reply is a ResponseError in the list;
+        As :meth:`weir.redis_io.link.Link.call`: an error reply is a ResponseError in the list;
         ConnectionError when a connection fails (what was sent may or may not have run).
         ValueError, before anything is sent, for keys on several slots in one command or
         one MULTI block.

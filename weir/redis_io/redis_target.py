@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
-from weir import cluster_slots
+from weir.redis_io import cluster_slots
 
 SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 SENTINEL_PORT = 26379

@@ -7,11 +7,12 @@ A :class:`Link` is one connection that sends a whole pipeline as one write and h
 the raw replies (bytes, ints, lists; an error reply as a :class:`ResponseError` value, not
 raised), resolved straight from the protocol's ``data_received``.
 
-A link follows the URLs of :mod:`weir.redis_target`: with Sentinel it asks the Sentinels for
-the primary at each connect and checks the server's ``ROLE``; a ``READONLY`` reply (the
-server it holds was demoted) drops the connection so the next call finds the new primary.
-With ``identify`` it records the server's ``run_id`` (:attr:`Link.server_id`) at each
-connect: a different one means a different server, which may not hold what the last one did.
+A link follows the URLs of :mod:`weir.redis_io.redis_target`: with Sentinel it asks the
+Sentinels for the primary at each connect and checks the server's ``ROLE``; a ``READONLY``
+reply (the server it holds was demoted) drops the connection so the next call finds the new
+primary. With ``identify`` it records the server's ``run_id`` (:attr:`Link.server_id`) at
+each connect: a different one means a different server, which may not hold what the last one
+did.
 
 Callers on one link share its connection, each pipeline's replies in order; a blocking
 command (``XREAD BLOCK``) holds the connection until it returns, so a reader that blocks
@@ -38,7 +39,7 @@ from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, 
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from weir import redis_target
+from weir.redis_io import redis_target
 
 Arg = bytes | str | int | float
 Command = Sequence[Arg]

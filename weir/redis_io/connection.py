@@ -2,7 +2,7 @@
 
 The URL may carry a password or an ACL user and may use TLS (``rediss://``); redis-py reads
 all of that from the URL. It may also name a primary that Redis Sentinel watches
-(``redis+sentinel://``, see :mod:`weir.redis_target`): the pool then asks the Sentinels for
+(``redis+sentinel://``, see :mod:`weir.redis_io.redis_target`): the pool then asks the Sentinels for
 the primary at each new connection, so after a failover the retries reach the new one. For
 one server the pool is a blocking one: under a burst, a command waits for a free connection
 instead of failing, and Redis never sees more than ``max_connections``.
@@ -23,7 +23,7 @@ from redis.asyncio.sentinel import Sentinel
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from weir import redis_target, retry
+from weir.redis_io import redis_target, retry
 
 DEFAULT_MAX_CONNECTIONS = 64
 POOL_WAIT_S = 10.0
@@ -31,7 +31,7 @@ POOL_WAIT_S = 10.0
 
 def connect(url: str, *, retries: int = 5, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Redis:
     """A client for ``url`` that retries connection failures with exponential backoff."""
-    # weir.retry's backoff: a reconnecting service's attempts stay about a second apart.
+    # weir.redis_io.retry's backoff: a reconnecting service's attempts stay about a second apart.
     options: dict[str, Any] = {
         "max_connections": max_connections,
         "decode_responses": False,

@@ -1,6 +1,6 @@
 """Where things are in a Redis Cluster: the URL's nodes, each command's slot, the slot map.
 
-Nothing here does I/O; :mod:`weir.cluster_link` sends. A key's slot is CRC16 of the key
+Nothing here does I/O; :mod:`weir.redis_io.cluster_link` sends. A key's slot is CRC16 of the key
 (or of its hash tag: what lies between the first ``{`` and the first ``}`` after it, when
 not empty) mod 16384. A command's keys come from a table by command name: the ones the mesh
 sends and the common ones around them. A command missing from the table counts as keyless;
@@ -17,8 +17,9 @@ from urllib.parse import urlsplit
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
-if TYPE_CHECKING:  # types only: weir.redis_target may import this module, weir.link it
-    from weir.link import Arg, Command
+# Types only: weir.redis_io.redis_target imports this module, and weir.redis_io.link that.
+if TYPE_CHECKING:
+    from weir.redis_io.link import Arg, Command
 
 CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
 CLUSTER_PORT = 6379
@@ -205,7 +206,7 @@ def _stream_keys(command: Command, options_at: int) -> list[Arg]:
 
 
 def _bytes(arg: Arg) -> bytes:
-    """``arg`` as sent (:func:`weir.link.pack`'s encoding)."""
+    """``arg`` as sent (:func:`weir.redis_io.link.pack`'s encoding)."""
     if isinstance(arg, bytes):
         return arg
     if isinstance(arg, str):

@@ -1,6 +1,6 @@
 """How long to wait before trying a failed Redis step again: one policy for every service.
 
-redis-py retries a single command on a dropped connection (:mod:`weir.connection`); a
+redis-py retries a single command on a dropped connection (:mod:`weir.redis_io.connection`); a
 service loop (reading requests or batches, sending a batch, writing replies, reading
 replies or cancel notices) retries its whole step. Both back off alike: redis-py's
 :class:`~redis.backoff.EqualJitterBackoff`, from ``BASE_S`` doubling up to ``CAP_S``, half
