@@ -212,9 +212,7 @@ class Batcher(Service):
                 )
             except RedisError as exc:
                 logger.warning("reading requests failed, retrying: %s", exc)
-                if "NOGROUP" in str(exc):  # upkeep's reclaim met a Redis that lost its data
-                    with contextlib.suppress(RedisError):
-                        await self.group.ensure(list(self.routes))
+                await self.group.recover(exc, list(self.routes))
                 await retry.failed()
                 continue
             retry.succeeded()

@@ -8,11 +8,12 @@ entry's effect, so nothing is acked before what it produced is in Redis.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from typing import Any
 
 from redis.asyncio import Redis
-from redis.exceptions import ResponseError
+from redis.exceptions import RedisError, ResponseError
 
 from weir.redis_io.fanin import FanIn
 from weir.redis_io.link import Arg, Command, HotLink
@@ -45,6 +46,16 @@ class StreamGroup:
             except ResponseError as exc:
                 if "BUSYGROUP" not in str(exc):
                     raise
+
+    async def recover(self, error: RedisError, streams: list[str]) -> None:
+        """After a read or claim failed: make the groups again if Redis lost them.
+
+        A Redis that restarted without its data (or a replica promoted before the groups
+        reached it) answers NOGROUP to every read and claim until the groups exist again.
+        """
+        if "NOGROUP" in str(error):
+            with contextlib.suppress(RedisError):
+                await self.ensure(streams)
 
     async def read(
         self,

@@ -108,6 +108,7 @@ class WorkerLane:
                     )
             except RedisError as exc:
                 logger.warning("reading batches of %s failed, retrying: %s", self.label, exc)
+                await self.group.recover(exc, [self.stream])
                 entries = []
                 await retry.failed()
             else:

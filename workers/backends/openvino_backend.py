@@ -5,7 +5,8 @@ instances; each batch takes an infer request of its own from a free list (one pe
 computing at once), so the instances run side by side on the compiled model's streams.
 Defaults: ``PERFORMANCE_HINT`` THROUGHPUT with ``NUM_STREAMS`` = the model's instances and
 ``INFERENCE_NUM_THREADS`` = the worker's threads, so the streams split the worker's cores
-between them. Any config parameter that names a writable property of OpenVINO's CPU plugin
+between them; ``INFERENCE_PRECISION_HINT`` ``f32``, so an FP32 model computes in FP32 on
+every CPU (OpenVINO's own default is bf16 where the CPU has AVX512_BF16 or AMX). Any config parameter that names a writable property of OpenVINO's CPU plugin
 (``NUM_STREAMS``, ``INFERENCE_NUM_THREADS``, ``PERFORMANCE_HINT``,
 ``INFERENCE_PRECISION_HINT`` = ``bf16`` on a Xeon that has it, ``ENABLE_CPU_PINNING``...)
 is passed to it as given, as Triton's OpenVINO backend passes them; the older backend's
@@ -88,6 +89,9 @@ def compile_properties(
         "PERFORMANCE_HINT": "THROUGHPUT",
         "NUM_STREAMS": str(max(instances, 1)),
         "INFERENCE_NUM_THREADS": str(max(threads, 1)),
+        # The model's own precision unless the config says otherwise: on a CPU with
+        # AVX512_BF16 or AMX the plugin would otherwise compute FP32 models in bf16.
+        "INFERENCE_PRECISION_HINT": "f32",
     }
     supported = core.get_property(DEVICE, "SUPPORTED_PROPERTIES")
     for given, given_value in config.parameters.items():
