@@ -10,38 +10,40 @@ before it in the call, whatever node they went to (a reply is written before the
 settles it). A command whose keys lie on several slots raises ValueError before anything is
 sent.
 
-Redirections. Redis refuses a command for a slot it does not serve with ``MOVED`` (the
-slot lives elsewhere now: the slot map is fetched again, once per call, one fetch shared by
-concurrent callers) or, while the slot migrates, ``ASK`` (this key is on the importing
-node already: resent there after ``ASKING``, the map unchanged); ``TRYAGAIN`` and
-``CLUSTERDOWN`` (a migration or failover under way) are resent after a pause. Each refuses
-the command as a whole, before running any of it, so resending cannot run it twice. But a
-refusal is per command, not per pipeline: in a run ``[a, b, c]`` of which only ``b`` was
-refused, ``a`` and ``c`` both ran (``c`` on another slot of the same node). So exactly
-the refused commands are resent, in their order, at most ``MAX_REDIRECTS`` times each
-(``MAX_RETRIES`` for TRYAGAIN and CLUSTERDOWN; then their error replies are returned as
-they are); resending "from ``b`` on" would run
-``c`` twice (a second ``XADD``, ``INCR``). The price: ``b`` now runs after ``c``. That
-happens only while the map is stale (a slot moved or is moving) and only between
+Redirections. Redis refuses a command for a slot it does not serve with ``MOVED`` (the slot
+lives elsewhere now: the slot map is fetched again, once per call, one fetch shared by
+concurrent callers) or, while the slot migrates, ``ASK`` (this key is on the importing node
+already: resent there after ``ASKING``, the map unchanged); ``TRYAGAIN`` and ``CLUSTERDOWN``
+(a migration or failover under way) are resent after a pause. Each refuses the command as a
+whole, before running any of it, so resending cannot run it twice. But a refusal is per
+command, not per pipeline: in a run ``[a, b, c]`` of which only ``b`` was refused, ``a`` and
+``c`` both ran (``c`` on another slot of the same node). So exactly the refused commands are
+resent, in their order, at most ``MAX_REDIRECTS`` times each (``MAX_RETRIES`` for TRYAGAIN
+and CLUSTERDOWN; then their error replies are returned as they are); resending "from ``b``
+on" would run ``c`` twice (a second ``XADD``, ``INCR``). The price: ``b`` now runs after
+``c``. That happens only while the map is stale (a slot moved or is moving) and only between
 commands on different slots of one node; order that must hold even then needs the keys on
 one slot (one hash tag). A keyless command is never refused and runs once, where its run
-went. A ``MULTI`` block with a command refused while queueing is aborted by Redis
-(``EXEC`` answers ``EXECABORT``): nothing of it ran, and the whole block is resent.
+went. A ``MULTI`` block with a command refused while queueing is aborted by Redis (``EXEC``
+answers ``EXECABORT``): nothing of it ran, and the whole block is resent.
 
 A lost or failed connection is raised to the caller as :class:`ConnectionError`, as with
-:class:`~weir.redis_io.link.Link`: the commands may or may not have run, and retrying writes is the
-caller's decision. The map is fetched again first (the node may have failed over), and the
-next call that would go to that node fetches it again before sending, so once a replica is
-promoted the next call reaches it.
+:class:`~weir.redis_io.link.Link`: the commands may or may not have run, and retrying writes
+is the caller's decision. The map is fetched again first (the node may have failed over),
+and the next call that would go to that node fetches it again before sending, so once a
+replica is promoted the next call reaches it.
 
 A blocking command (``XREAD BLOCK``) holds its connection until it returns: calls with
 ``block_s`` use a connection per slot (a Link for each slot read, made on first use), never
 one that non-blocking calls share (those share one Link per node). Reads of several slots
 (:mod:`weir.redis_io.fanin`) then block side by side.
 
-``identify`` is accepted for :class:`~weir.redis_io.link.Link`'s interface and ignored: a cluster's
-data lies on several servers with a ``run_id`` each, so there is no one server whose change
-it could report, and :attr:`ClusterLink.server_id` stays None.
+``identify`` is accepted for :class:`~weir.redis_io.link.Link`'s interface and ignored: a
+cluster's data lies on several servers with a ``run_id`` each, so there is no one server
+whose change it could report, and :attr:`ClusterLink.server_id` stays None. Instead
+:attr:`ClusterLink.epoch` counts the slots it saw move to another primary (a failover, or a
+resharding), after which that primary may lack writes the old one acknowledged
+(gateway.resubmission).
 """
 
 from __future__ import annotations

@@ -6,12 +6,13 @@ computing at once), so the instances run side by side on the compiled model's st
 Defaults: ``PERFORMANCE_HINT`` THROUGHPUT with ``NUM_STREAMS`` = the model's instances and
 ``INFERENCE_NUM_THREADS`` = the worker's threads, so the streams split the worker's cores
 between them; ``INFERENCE_PRECISION_HINT`` ``f32``, so an FP32 model computes in FP32 on
-every CPU (OpenVINO's own default is bf16 where the CPU has AVX512_BF16 or AMX). Any config parameter that names a writable property of OpenVINO's CPU plugin
-(``NUM_STREAMS``, ``INFERENCE_NUM_THREADS``, ``PERFORMANCE_HINT``,
-``INFERENCE_PRECISION_HINT`` = ``bf16`` on a Xeon that has it, ``ENABLE_CPU_PINNING``...)
-is passed to it as given, as Triton's OpenVINO backend passes them; the older backend's
-names (``CPU_THREADS_NUM``, ``CPU_THROUGHPUT_STREAMS``, ``ENFORCE_BF16``,
-``CPU_BIND_THREAD``) are read as their present ones.
+every CPU (OpenVINO's own default is bf16 where the CPU has AVX512_BF16 or AMX). Any config
+parameter that names a writable property of OpenVINO's CPU plugin (``NUM_STREAMS``,
+``INFERENCE_NUM_THREADS``, ``PERFORMANCE_HINT``, ``INFERENCE_PRECISION_HINT`` = ``bf16`` on
+a Xeon that has it, ``ENABLE_CPU_PINNING``...) is passed to it as given, as Triton's
+OpenVINO backend passes them; the older backend's names (``CPU_THREADS_NUM``,
+``CPU_THROUGHPUT_STREAMS``, ``ENFORCE_BF16``, ``CPU_BIND_THREAD``) are read as their present
+ones.
 
 Batching: a config with ``max_batch_size`` > 0 over an IR whose first dimensions are fixed
 reshapes the model's inputs to a dynamic first dimension (OpenVINO's dynamic shapes), as
