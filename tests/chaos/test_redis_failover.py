@@ -30,7 +30,20 @@ from weir.redis_server import RedisServer, free_port
 CLIENTS = 100
 # Long enough that a request the mesh lost would show as a 504 only if it hung for good.
 REQUEST_TIMEOUT_S = "30"
-REDIS_ONLY_S = 0.3
+# Requests the stalled batcher has not read when Redis goes: held by Redis only.
+REDIS_ONLY = 20
+REQUESTS = "weir:{tiny_mlp}:1:requests"
+
+
+def wait_redis_only(port: int) -> None:
+    """Until the server on ``port`` holds REDIS_ONLY requests no batcher has read yet."""
+
+    def undelivered() -> int:
+        with redis.Redis(port=port) as client:
+            groups = client.xinfo_groups(REQUESTS)
+        return sum(int(g.get("lag") or 0) for g in groups)
+
+    wait_until(lambda: undelivered() >= REDIS_ONLY, 10, f"{REDIS_ONLY} requests held by Redis")
 
 
 def run_through(
@@ -39,9 +52,9 @@ def run_through(
 ) -> tuple[list[Outcome], dict[str, float], str]:  # fmt: skip
     """Load the mesh with CLIENTS closed-loop clients, ``kill`` Redis, load on after recovery.
 
-    ``kill`` gets the batcher and stalls it (SIGSTOP, continued after ``kill``) for
-    REDIS_ONLY_S before Redis goes, so that the requests accepted meanwhile are in Redis only
-    (no service read them): the ones a server that lost them would leave to their deadline,
+    ``kill`` gets the batcher and stalls it (SIGSTOP, continued after ``kill``) until Redis
+    holds REDIS_ONLY requests it has not read, then Redis goes: those are in Redis only (no
+    service read them), the ones a server that lost them would leave to their deadline,
     unless the gateway queues them again.
     """
     repository = private_repository(example_repository, tmp_path / "models", ["tiny_mlp"])
@@ -117,7 +130,7 @@ def test_sentinel_failover_loses_no_request(
             with redis.Redis(port=old_port) as primary:
                 primary.client_kill_filter(_type="replica")
             batcher.send_signal(signal.SIGSTOP)
-            time.sleep(REDIS_ONLY_S)
+            wait_redis_only(old_port)
             sentinel.primary.kill()
             replica.send_signal(signal.SIGCONT)
             sentinel.wait_failover(old_port, 30)
@@ -145,7 +158,7 @@ def test_cluster_failover_loses_no_request(
             with redis.Redis(port=primary.port) as client:
                 client.client_kill_filter(_type="replica")
             batcher.send_signal(signal.SIGSTOP)
-            time.sleep(REDIS_ONLY_S)
+            wait_redis_only(primary.port)
             primary.kill()
             replica.process.send_signal(signal.SIGCONT)
             cluster.wait_failover(primary.port, 30)
@@ -164,7 +177,7 @@ def test_redis_restarted_empty_loses_no_request(
 
         def restart_empty(batcher: Popen[bytes]) -> None:
             batcher.send_signal(signal.SIGSTOP)
-            time.sleep(REDIS_ONLY_S)
+            wait_redis_only(server.port)
             server.kill()
             server.start()
 

@@ -34,8 +34,6 @@ from tests.weir_up import port_open, weir_up
 from weir import errors
 from weir.redis_server import free_port
 
-pytestmark = pytest.mark.cluster_too
-
 INFERENCE_TOKEN = "grpc-infer-secret"
 MANAGEMENT_TOKEN = "grpc-admin-secret"
 
@@ -78,6 +76,7 @@ def http_error(mesh: Mesh, model: str, body: dict[str, Any]) -> tuple[int, str]:
 # --- health, metadata, config -----------------------------------------------------------------
 
 
+@pytest.mark.cluster_too
 def test_liveness_readiness_and_server_metadata_match_http(
     mesh: Mesh, client: grpcclient.InferenceServerClient
 ) -> None:
@@ -131,6 +130,7 @@ def test_model_config_carries_the_repository_config_in_model_config_proto(
 
 
 @pytest.mark.parametrize(("model", "width"), [("tiny_mlp", 64), ("wide_mlp", 1024)])
+@pytest.mark.cluster_too
 def test_inference_matches_the_torchscript_model_run_in_process(
     client: grpcclient.InferenceServerClient, build_models: ModuleType, model: str, width: int
 ) -> None:
@@ -149,6 +149,7 @@ def test_inference_matches_the_torchscript_model_run_in_process(
     )
 
 
+@pytest.mark.cluster_too
 def test_typed_contents_are_answered_like_raw_inputs(
     mesh: Mesh, client: grpcclient.InferenceServerClient
 ) -> None:
@@ -165,6 +166,7 @@ def test_typed_contents_are_answered_like_raw_inputs(
     np.testing.assert_array_equal(typed, raw)
 
 
+@pytest.mark.cluster_too
 def test_bytes_input_through_the_pipeline_matches_http(
     mesh: Mesh, client: grpcclient.InferenceServerClient
 ) -> None:
@@ -216,6 +218,7 @@ def test_unknown_model_or_version_is_not_found(client: grpcclient.InferenceServe
     rpc_error(lambda: client.get_model_config("no_such_model"), not_found)
 
 
+@pytest.mark.cluster_too
 def test_a_request_past_its_deadline_is_deadline_exceeded(
     client: grpcclient.InferenceServerClient,
 ) -> None:
@@ -280,6 +283,7 @@ def success_and_invalid(mesh: Mesh) -> tuple[float, float]:
     )
 
 
+@pytest.mark.cluster_too
 def test_statistics_and_metrics_count_grpc_inferences(
     mesh: Mesh, client: grpcclient.InferenceServerClient
 ) -> None:
@@ -336,6 +340,7 @@ def collect_stream(
         client.stop_stream()
 
 
+@pytest.mark.cluster_too
 def test_stream_answers_every_request_and_reports_errors_in_the_stream(
     client: grpcclient.InferenceServerClient, build_models: ModuleType
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -54,42 +55,45 @@ def test_errors_hide_the_password() -> None:
     assert "hunter2" not in str(raised.value) and "app:***@s1" in str(raised.value)
 
 
-def test_every_client_reaches_the_primary_sentinel_names() -> None:
-    with SentinelSet() as sentinel:
-
-        async def check() -> None:
-            link = Link(sentinel.url, identify=True)
-            assert await link.call(("SET", "k", "link"), ("ROLE",)) == [
-                b"OK",
-                [b"master", *(await link.call(("ROLE",)))[0][1:]],
-            ]
-            assert link.server_id is not None and len(link.server_id) == 40
-            client = connect(sentinel.url)
-            assert await client.get("k") == b"link"
-            await client.aclose()
-            await client.connection_pool.sentinel_manager.aclose()  # type: ignore[attr-defined]
-            await link.close()
-            lost = Link(sentinel.url.replace("/weir", "/nosuch"))
-            with pytest.raises(RedisConnectionError, match="'nosuch'"):
-                await lost.call(("PING",))
-
-        asyncio.run(check())
-        with connect_sync(sentinel.url) as client:
-            assert client.get("k") == b"link"
-            for peer in client.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
-                peer.close()
+@pytest.fixture(scope="module")
+def sentinel() -> Iterator[SentinelSet]:
+    with SentinelSet() as running:
+        yield running
 
 
-def test_a_write_to_a_replica_drops_the_connection() -> None:
+def test_every_client_reaches_the_primary_sentinel_names(sentinel: SentinelSet) -> None:
+    async def check() -> None:
+        link = Link(sentinel.url, identify=True)
+        assert await link.call(("SET", "k", "link"), ("ROLE",)) == [
+            b"OK",
+            [b"master", *(await link.call(("ROLE",)))[0][1:]],
+        ]
+        assert link.server_id is not None and len(link.server_id) == 40
+        client = connect(sentinel.url)
+        assert await client.get("k") == b"link"
+        await client.aclose()
+        await client.connection_pool.sentinel_manager.aclose()  # type: ignore[attr-defined]
+        await link.close()
+        lost = Link(sentinel.url.replace("/weir", "/nosuch"))
+        with pytest.raises(RedisConnectionError, match="'nosuch'"):
+            await lost.call(("PING",))
+
+    asyncio.run(check())
+    with connect_sync(sentinel.url) as client:
+        assert client.get("k") == b"link"
+        for peer in client.connection_pool.sentinel_manager.sentinels:  # type: ignore[attr-defined]
+            peer.close()
+
+
+def test_a_write_to_a_replica_drops_the_connection(sentinel: SentinelSet) -> None:
     """A link left on a demoted primary finds the new one: READONLY closes its connection."""
-    with SentinelSet() as sentinel:
 
-        async def check() -> None:
-            link = Link(sentinel.replica.url)
-            (reply,) = await link.call(("SET", "k", "v"))
-            assert isinstance(reply, ResponseError) and str(reply).startswith("READONLY")
-            assert link._protocol is not None and link._protocol.closed
-            assert await link.call(("PING",)) == [b"PONG"]  # a new connection
-            await link.close()
+    async def check() -> None:
+        link = Link(sentinel.replica.url)
+        (reply,) = await link.call(("SET", "k", "v"))
+        assert isinstance(reply, ResponseError) and str(reply).startswith("READONLY")
+        assert link._protocol is not None and link._protocol.closed
+        assert await link.call(("PING",)) == [b"PONG"]  # a new connection
+        await link.close()
 
-        asyncio.run(check())
+    asyncio.run(check())
