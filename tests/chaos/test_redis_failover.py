@@ -68,8 +68,8 @@ def run_through(
     try:
         url = mesh.start_mesh(free_port())
 
-        def served_after(t: float) -> bool:
-            return any(o.status == 200 and o.sent_s > t for o in list(outcomes))
+        def served_after(t: float, count: int = 1) -> bool:
+            return sum(o.status == 200 and o.sent_s > t for o in list(outcomes)) >= count
 
         async def run() -> None:
             stop = asyncio.Event()
@@ -86,7 +86,10 @@ def run_through(
             await asyncio.to_thread(
                 wait_until, lambda: served_after(window["back"]), 30, "recovery"
             )
-            await asyncio.sleep(1.5)
+            # Load on until serving is plainly back: check() wants 100 served after it.
+            await asyncio.to_thread(
+                wait_until, lambda: served_after(window["back"], 300), 30, "serving to go on"
+            )
             stop.set()
             await load
 

@@ -123,7 +123,7 @@ def test_the_url_names_startup_nodes_and_a_template_for_each_node() -> None:
     ("url", "says"),
     [
         ("redis+cluster://n1/1", "has only 0"),
-        ("redis+cluster://n1:port", "bad cluster node"),
+        ("redis+cluster://n1:port", "bad port"),
         ("redis+cluster:///0", "names no cluster node"),
         ("redis://n1", "no redis\\+cluster"),
         ("redis+cluster://app:hunter2@n1/2", "app:\\*\\*\\*@n1"),

@@ -1,7 +1,5 @@
 """The hot-path link to a Redis Cluster: :class:`~weir.redis_io.link.Link`'s interface.
 
-One Link per node serves it.
-
 A call's commands are cut into *runs*: consecutive commands whose slots one primary serves
 (:mod:`weir.redis_io.cluster_slots` finds the slots; a keyless command goes with its
 neighbours, a ``MULTI`` ... ``EXEC`` block is one unit whose keys must share a slot). The
@@ -10,22 +8,16 @@ before it in the call, whatever node they went to (a reply is written before the
 settles it). A command whose keys lie on several slots raises ValueError before anything is
 sent.
 
-Redirections. Redis refuses a command for a slot it does not serve with ``MOVED`` (the slot
-lives elsewhere now: the slot map is fetched again, once per call, one fetch shared by
-concurrent callers) or, while the slot migrates, ``ASK`` (this key is on the importing node
-already: resent there after ``ASKING``, the map unchanged); ``TRYAGAIN`` and ``CLUSTERDOWN``
-(a migration or failover under way) are resent after a pause. Each refuses the command as a
-whole, before running any of it, so resending cannot run it twice. But a refusal is per
-command, not per pipeline: in a run ``[a, b, c]`` of which only ``b`` was refused, ``a`` and
-``c`` both ran (``c`` on another slot of the same node). So exactly the refused commands are
-resent, in their order, at most ``MAX_REDIRECTS`` times each (``MAX_RETRIES`` for TRYAGAIN
-and CLUSTERDOWN; then their error replies are returned as they are); resending "from ``b``
-on" would run ``c`` twice (a second ``XADD``, ``INCR``). The price: ``b`` now runs after
-``c``. That happens only while the map is stale (a slot moved or is moving) and only between
-commands on different slots of one node; order that must hold even then needs the keys on
-one slot (one hash tag). A keyless command is never refused and runs once, where its run
-went. A ``MULTI`` block with a command refused while queueing is aborted by Redis (``EXEC``
-answers ``EXECABORT``): nothing of it ran, and the whole block is resent.
+Redirections. ``MOVED`` (the slot lives elsewhere now) fetches the map again, once per
+call and one fetch for concurrent callers; ``ASK`` (the key is on the importing node of a
+migration) resends there after ``ASKING``, the map unchanged; ``TRYAGAIN`` and
+``CLUSTERDOWN`` resend after a pause (at most ``MAX_REDIRECTS`` / ``MAX_RETRIES`` times,
+then the error replies are returned). Redis refuses per command, before running any of it,
+so exactly the refused commands are resent, in their order: in a run ``[a, b, c]`` where only
+``b`` was refused, ``a`` and ``c`` ran, and resending "from ``b`` on" would run ``c`` twice.
+The price, only while the map is stale and only between slots of one node: ``b`` runs after
+``c``. A ``MULTI`` block with a refused command is aborted by Redis (``EXECABORT``) and
+resent whole.
 
 A lost or failed connection is raised to the caller as :class:`ConnectionError`, as with
 :class:`~weir.redis_io.link.Link`: the commands may or may not have run, and retrying writes
@@ -38,12 +30,9 @@ A blocking command (``XREAD BLOCK``) holds its connection until it returns: call
 one that non-blocking calls share (those share one Link per node). Reads of several slots
 (:mod:`weir.redis_io.fanin`) then block side by side.
 
-``identify`` is accepted for :class:`~weir.redis_io.link.Link`'s interface and ignored: a
-cluster's data lies on several servers with a ``run_id`` each, so there is no one server
-whose change it could report, and :attr:`ClusterLink.server_id` stays None. Instead
-:attr:`ClusterLink.epoch` counts the slots it saw move to another primary (a failover, or a
-resharding), after which that primary may lack writes the old one acknowledged
-(gateway.resubmission).
+``identify`` is ignored (a cluster has no one ``run_id``: :attr:`ClusterLink.server_id` stays
+None); :attr:`ClusterLink.epoch` counts the slots it saw move to another primary (a failover
+or a resharding), which may lack what the old one acknowledged (gateway.resubmission).
 """
 
 from __future__ import annotations
@@ -57,8 +46,9 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError, ResponseError
 
 from weir.redis_io import cluster_slots
-from weir.redis_io.cluster_slots import Address, SlotRange, Unit, parse_cluster_url
+from weir.redis_io.cluster_slots import Address, SlotRange, Unit
 from weir.redis_io.link import CONNECT_TIMEOUT_S, REPLY_TIMEOUT_S, Command, Link, raise_errors
+from weir.redis_io.redis_target import parse_cluster_url
 from weir.redis_io.retry import backoff
 
 __all__ = ["MAX_REDIRECTS", "MAX_RETRIES", "ClusterLink", "parse_cluster_url"]

@@ -21,8 +21,6 @@ from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 if TYPE_CHECKING:
     from weir.redis_io.link import Arg, Command
 
-CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
-CLUSTER_PORT = 6379
 # The template URL's host: never dialled, each node's address replaces it.
 PLACEHOLDER_HOST = "cluster-node"
 SLOTS = REDIS_CLUSTER_HASH_SLOTS
@@ -73,31 +71,6 @@ class Unit:
     slot: int | None
 
 
-def parse_cluster_url(url: str) -> tuple[list[Address], str]:
-    """The startup nodes of a ``redis+cluster://`` URL, and its nodes' URL template.
-
-    The template is a plain ``redis://`` (``rediss://``) URL with the credentials and
-    options, on :data:`PLACEHOLDER_HOST` (see :func:`node_url`). ValueError, saying what is
-    wrong (the password hidden), for a bad URL.
-    """
-    scheme, sep, _ = url.partition("://")
-    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
-        raise ValueError(f"the Redis URL {_safe(url)} is no redis+cluster:// URL")
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    nodes = [_address(host, url) for host in hosts.split(",") if host]
-    if not nodes:
-        raise ValueError(f"the Redis URL {_safe(url)} names no cluster node")
-    db = parts.path.strip("/")
-    if db not in ("", "0"):
-        raise ValueError(
-            f"the Redis URL {_safe(url)} names database {db!r}: a Redis Cluster has only 0"
-        )
-    server = CLUSTER_SCHEMES[scheme.lower()]
-    query = f"?{parts.query}" if parts.query else ""
-    return nodes, f"{server}://{userinfo}{at}{PLACEHOLDER_HOST}:{CLUSTER_PORT}/0{query}"
-
-
 def node_url(template: str, address: Address) -> str:
     """The URL of the node at ``address``: the template's credentials and options."""
     parts = urlsplit(template)
@@ -106,27 +79,6 @@ def node_url(template: str, address: Address) -> str:
     if ":" in host:
         host = f"[{host}]"
     return parts._replace(netloc=f"{userinfo}{at}{host}:{port}").geturl()
-
-
-def _address(host: str, url: str) -> Address:
-    if host.startswith("["):  # [ipv6]:port
-        name, _, port = host[1:].partition("]")
-        port = port.removeprefix(":")
-    else:
-        name, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-    if not name or (port and not port.isdigit()):
-        raise ValueError(f"the Redis URL {_safe(url)} has a bad cluster node {host!r}")
-    return name, int(port) if port else CLUSTER_PORT
-
-
-def _safe(url: str) -> str:
-    """``url`` without its password, for an error message."""
-    parts = urlsplit(url)
-    userinfo, at, hosts = parts.netloc.rpartition("@")
-    if not at:
-        return url
-    user = userinfo.partition(":")[0]
-    return parts._replace(netloc=f"{user}:***@{hosts}").geturl()
 
 
 def slot_of(key: Arg) -> int:

@@ -34,6 +34,8 @@ from weir.redis_io import cluster_slots
 
 SENTINEL_SCHEMES = {"redis+sentinel": "redis", "rediss+sentinel": "rediss"}
 SENTINEL_PORT = 26379
+CLUSTER_SCHEMES = {"redis+cluster": "redis", "rediss+cluster": "rediss"}
+CLUSTER_PORT = 6379
 # The options that are the Sentinels' own, taken out of the servers' URL.
 SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 
@@ -65,7 +67,7 @@ class Target:
 def parse(url: str) -> Target:
     """``url`` as a :class:`Target`; ValueError, saying what is wrong, for a bad URL."""
     scheme, sep, _ = url.partition("://")
-    if sep and scheme.lower() in cluster_slots.CLUSTER_SCHEMES:
+    if sep and scheme.lower() in CLUSTER_SCHEMES:
         return _parse_cluster(url)
     if not sep or scheme.lower() not in SENTINEL_SCHEMES:
         return Target(url)
@@ -94,19 +96,45 @@ def parse(url: str) -> Target:
 
 
 def _parse_cluster(url: str) -> Target:
-    nodes, plain = cluster_slots.parse_cluster_url(url)
+    nodes, plain = parse_cluster_url(url)
     return Target(plain, cluster=tuple(nodes))
 
 
-def _address(host: str, url: str) -> tuple[str, int]:
+def parse_cluster_url(url: str) -> tuple[list[tuple[str, int]], str]:
+    """The startup nodes of a ``redis+cluster://`` URL, and its nodes' URL template.
+
+    The template is a plain ``redis://`` (``rediss://``) URL with the credentials and
+    options, on a placeholder host (:func:`weir.redis_io.cluster_slots.node_url` puts a
+    node's address in). ValueError, saying what is wrong (the password hidden), for a bad URL.
+    """
+    scheme, sep, _ = url.partition("://")
+    if not sep or scheme.lower() not in CLUSTER_SCHEMES:
+        raise ValueError(f"the Redis URL {_safe(url)} is no redis+cluster:// URL")
+    parts = urlsplit(url)
+    userinfo, at, hosts = parts.netloc.rpartition("@")
+    nodes = [_address(host, url, CLUSTER_PORT) for host in hosts.split(",") if host]
+    if not nodes:
+        raise ValueError(f"the Redis URL {_safe(url)} names no cluster node")
+    db = parts.path.strip("/")
+    if db not in ("", "0"):
+        raise ValueError(
+            f"the Redis URL {_safe(url)} names database {db!r}: a Redis Cluster has only 0"
+        )
+    server = CLUSTER_SCHEMES[scheme.lower()]
+    query = f"?{parts.query}" if parts.query else ""
+    host = cluster_slots.PLACEHOLDER_HOST
+    return nodes, f"{server}://{userinfo}{at}{host}:{CLUSTER_PORT}/0{query}"
+
+
+def _address(host: str, url: str, default_port: int = SENTINEL_PORT) -> tuple[str, int]:
     if host.startswith("["):  # [ipv6]:port
         name, _, port = host[1:].partition("]")
         port = port.removeprefix(":")
     else:
         name, _, port = host.rpartition(":") if ":" in host else (host, "", "")
-    if port and not port.isdigit():
+    if not name or (port and not port.isdigit()):
         raise ValueError(f"the Redis URL {_safe(url)} has a bad port in {host!r}")
-    return name, int(port) if port else SENTINEL_PORT
+    return name, int(port) if port else default_port
 
 
 def _safe(url: str) -> str:
