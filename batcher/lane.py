@@ -191,7 +191,7 @@ class BatcherLane:
         commands: list[Command] = []
         if batch:
             payload = wire.encode_batch([q.payload for q in batch])
-            commands.append(("XADD", self.batch_stream, "*", wire.PAYLOAD, payload))
+            commands.append(stages.publish(self.model, self.version, payload))
         replies = [(q.reply_to, self._expired_reply(q)) for q in expired if q.reply_to]
         if expired:
             commands.append(stages.settle(self.model, self.version, len(expired)))

@@ -1,12 +1,13 @@
 """The commands each stage of the mesh sends, built in one place.
 
-A request's life in Redis: the gateway queues it on its model's request stream and counts
-it in the model's queued counter (:func:`queue`); the batcher publishes batches on the
-model's batch stream; a worker (or the batcher, for a request that expired in its queue)
-answers it on the gateway's reply stream (:func:`answer`) and settles the counter
+A request's life in Redis: the gateway queues it on its model's request stream and counts it
+in the model's queued counter (:func:`queue`); the batcher publishes batches on the model's
+batch stream (:func:`publish`); a worker (or the batcher, for a request that expired in its
+queue) answers it on the gateway's reply stream (:func:`answer`) and settles the counter
 (:func:`settle`); a pipeline step's outputs queue the next steps' requests (:func:`queue`
-again). Every stage builds its commands here, so the keys each command touches, and the
-Redis Cluster slots they lie on, are written down once.
+again); a batch that cannot run is parked (:func:`dead_letter`). Every stage builds its
+commands here, so the keys each command touches, and the Redis Cluster slots they lie on,
+are written down once.
 
 A model's keys share its hash tag (weir.names), so queueing, settling, statistics, credits
 and acks of one model are on one slot, and :func:`effects` runs them in one MULTI. Replies
@@ -84,6 +85,17 @@ def forward(request: wire.InferRequest, batch: int) -> Command:
     """Queue a pipeline step's request on its model, past the queue limit (it is admitted)."""
     fields = wire.request_fields(request, batch)
     return queue(request.model, request.version, entry_args(fields, 0))
+
+
+def publish(model: str, version: str, payload: bytes) -> Command:
+    """Publish one formed batch (its requests, encoded) on the model's batch stream."""
+    return ("XADD", names.batch_stream(model, version), "*", wire.PAYLOAD, payload)
+
+
+def dead_letter(model: str, version: str, payload: bytes, reason: str, batch_id: bytes) -> Command:
+    """Park a batch on the model's dead-letter stream, with why and its batch entry's id."""
+    stream = names.dead_letter_stream(model, version)
+    return ("XADD", stream, "*", wire.PAYLOAD, payload, b"reason", reason.encode(), b"id", batch_id)
 
 
 def answer(replies: Iterable[tuple[str, bytes]], maxlen: int = 0) -> list[Command]:

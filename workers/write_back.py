@@ -110,15 +110,12 @@ class WriteBack:
         self.stream = names.batch_stream(entry.name, version)
         self.stats_key = names.model_stats(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
-        self.dead_stream = names.dead_letter_stream(entry.name, version)
 
     def credit(self, instances: int) -> Command:
         """The command that gives the batchers a credit of ``instances`` free slots."""
         return ("XADD", self.credit_stream, "*", wire.CREDITS, instances)
 
-    async def write(
-        self, entry_id: bytes, outcome: Outcome, dead: tuple[bytes, ...] | None = None
-    ) -> None:
+    async def write(self, entry_id: bytes, outcome: Outcome, dead: Command | None = None) -> None:
         """Write a batch's effects and ack it in one transaction, retrying while Redis is down."""
         retry = RetryWait()
         while True:
@@ -130,7 +127,7 @@ class WriteBack:
                     outcome.forwards.extend(effects.requests)
                 outside, inside = self._effects(entry_id, outcome)
                 if dead is not None:
-                    inside.insert(0, ("XADD", self.dead_stream, "*", *dead))
+                    inside.insert(0, dead)
                 await stages.effects(self.link, outside, inside)
                 return
             except RedisError as exc:
@@ -171,7 +168,7 @@ class WriteBack:
         outcome.answered = len(requests)
         outcome.phases = phase_totals([], {}, requests, wire.now_ns())
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
-        dead = (wire.PAYLOAD, payload, b"reason", reason.encode(), b"id", entry.id)
+        dead = stages.dead_letter(self.entry.name, self.version, payload, reason, entry.id)
         await self.write(entry.id, outcome, dead)
 
 
