@@ -57,12 +57,19 @@ class MLP(nn.Module):
 
 
 class BertMini(nn.Module):
-    """A small BERT-shaped encoder: token and learned position embeddings, 4 encoder layers,
-    mean over tokens, a 2-way head. Takes ``input_ids`` INT64 [N, 128], returns FP32 [N, 2].
+    """A small BERT-shaped encoder: token and learned position embeddings, 4 encoder layers
+    (4 heads, feed-forward 1024) unless told otherwise, mean over tokens, a 2-way head. Takes
+    ``input_ids`` INT64 [N, seq_len], returns FP32 [N, 2].
     """
 
     def __init__(
-        self, vocab: int = 30522, seq_len: int = 128, d_model: int = 256, layers: int = 4
+        self,
+        vocab: int = 30522,
+        seq_len: int = 128,
+        d_model: int = 256,
+        layers: int = 4,
+        nhead: int = 4,
+        dim_feedforward: int = 1024,
     ) -> None:
         super().__init__()
         self.tokens = nn.Embedding(vocab, d_model)
@@ -70,7 +77,9 @@ class BertMini(nn.Module):
         # Layers built one by one (not nn.TransformerEncoder, which deep-copies one layer)
         # so that each gets its own seeded weights.
         self.layers = nn.ModuleList(
-            nn.TransformerEncoderLayer(d_model, nhead=4, dim_feedforward=1024, batch_first=True)
+            nn.TransformerEncoderLayer(
+                d_model, nhead=nhead, dim_feedforward=dim_feedforward, batch_first=True
+            )
             for _ in range(layers)
         )
         self.head = nn.Linear(d_model, 2)
@@ -309,8 +318,19 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repository", type=Path, default=DEFAULT_REPOSITORY)
     parser.add_argument("--force", action="store_true", help="rebuild models that exist")
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        choices=[*MODELS, *EXPORTS],
+        help="build only these (default: every model, all-MiniLM's included)",
+    )
     args = parser.parse_args(argv)
-    build_repository(args.repository, force=args.force)
+    if not args.models:
+        build_repository(args.repository, force=args.force)
+        return
+    for name in args.models:
+        build = build_model if name in MODELS else build_export
+        build(args.repository, name, args.force)
 
 
 if __name__ == "__main__":

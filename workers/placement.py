@@ -1,11 +1,11 @@
 """Where a worker pool runs a model's instances: pool membership and device placement.
 
 A model belongs to the pools its ``instance_group`` kinds name: ``KIND_CPU`` and
-``KIND_MODEL`` to ``cpu``, ``KIND_GPU`` to ``gpu``. ``KIND_AUTO`` is to keep Triton's meaning, a
-GPU when there is one (the ``gpu`` pool placing it on CUDA devices, the ``cpu`` pool running it
-on the CPU), once instances run on devices (``SERVES_ON_DEVICES``); until then it is the cpu
-pool's. A TensorRT engine runs on CUDA devices only, so its ``KIND_AUTO`` groups are the gpu
-pool's alone.
+``KIND_MODEL`` to ``cpu``, ``KIND_GPU`` to ``gpu``. ``KIND_AUTO`` keeps Triton's meaning, a GPU
+when there is one: the ``gpu`` pool places it on its CUDA devices and the ``cpu`` pool runs it
+on the CPU, so a mesh with both pools serves it from both, and one without a gpu pool from the
+CPU. A TensorRT engine runs on CUDA devices only, so its ``KIND_AUTO`` groups are the gpu
+pool's alone; OpenVINO runs on the CPU only (not on NVIDIA GPUs), so its are the cpu pool's.
 
 Triton counts a GPU group's ``count`` per GPU its ``gpus`` lists (``gpus: [0, 1], count: 2``:
 four instances, two on each), and an empty ``gpus`` lists every visible device. The ids index
@@ -30,11 +30,10 @@ POOL_KINDS: dict[str, frozenset[InstanceKind]] = {
     "cpu": frozenset({InstanceKind.CPU, InstanceKind.AUTO, InstanceKind.MODEL}),
     "gpu": frozenset({InstanceKind.GPU, InstanceKind.AUTO}),
 }
-# Whether the backends run instances on CUDA devices yet; until then KIND_AUTO is the cpu
-# pool's (but a TensorRT model's, which needs a device).
-SERVES_ON_DEVICES = False
 # Backends whose models run on CUDA devices only, and the module each needs there.
 GPU_ONLY_BACKENDS: dict[Backend, str] = {Backend.TENSORRT: "tensorrt"}
+# Backends whose models run on the CPU only.
+CPU_ONLY_BACKENDS = frozenset({Backend.OPENVINO})
 TENSORRT_INSTALL = (
     "pip install tensorrt-cu12 (tensorrt-cu13 for CUDA 13), as the weir-cuda image does"
 )
@@ -67,10 +66,8 @@ def pool_groups(config: ModelConfig, pool: str) -> list[tuple[str, InstanceGroup
     kinds = POOL_KINDS.get(pool, frozenset())
     if pool == "cpu" and config.backend in GPU_ONLY_BACKENDS:
         kinds = kinds - {InstanceKind.AUTO}  # "a GPU when there is one": it needs one
-    if pool == "gpu" and config.backend not in GPU_ONLY_BACKENDS and not SERVES_ON_DEVICES:
-        # Until instances run on devices, the gpu pool would refuse every model of the
-        # default kind, failing their loads beside the cpu workers that serve them.
-        kinds = kinds - {InstanceKind.AUTO}
+    if pool == "gpu" and config.backend in CPU_ONLY_BACKENDS:
+        kinds = kinds - {InstanceKind.AUTO}  # none of its devices is one it runs on
     return [
         (group.name or f"{config.name}_{index}", group)
         for index, group in enumerate(config.instance_group)
@@ -105,6 +102,11 @@ def placements(config: ModelConfig, pool: str, devices: Devices) -> list[Placeme
                 "only; give its instance_group kind KIND_GPU (or KIND_AUTO) for the gpu pool"
             )
         return [Placement(None, name) for name, group in groups for _ in range(group.count)]
+    if groups and config.backend in CPU_ONLY_BACKENDS:
+        raise ConfigError(
+            f"model '{config.name}': backend '{config.backend.value}' runs on the CPU only; give "
+            "its instance_group kind KIND_CPU (or KIND_AUTO) for the cpu pool"
+        )
     return [p for name, group in groups for p in _on_devices(config, name, group, devices)]
 
 
@@ -140,22 +142,12 @@ def place(config: ModelConfig, pool: str) -> list[Placement]:
     """The instances this worker runs of ``config``; ConfigError when it cannot run them.
 
     The cpu pool asks no device anything. The gpu pool checks the backend's module, asks CUDA
-    what it sees, places the instances, and refuses them: no backend runs on a CUDA device yet
-    (no device moves, CUDA streams or TensorRT engines), and running a GPU group on the CPU
-    unasked would hide that. Lift that refusal with the first backend that takes a device.
+    what it sees, and places every instance on a device, or refuses.
     """
     if pool != "gpu":
         return placements(config, pool, NO_DEVICES)
     check_backend_module(config)
-    placed = placements(config, pool, visible_devices())
-    on_devices = sorted({p.device for p in placed if p.device is not None})
-    if on_devices and not SERVES_ON_DEVICES:
-        cuda = ", ".join(f"cuda:{device}" for device in on_devices)
-        raise ConfigError(
-            f"model '{config.name}': serving on CUDA devices is not implemented yet: the gpu "
-            f"pool placed {len(placed)} instances on {cuda} and will not run them on the CPU"
-        )
-    return placed
+    return placements(config, pool, visible_devices())
 
 
 def check_backend_module(config: ModelConfig) -> None:

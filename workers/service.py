@@ -42,6 +42,7 @@ from weir.streams import StreamGroup
 from weir.trim import Trimmer
 from weir.workload import encode_served
 from workers.backends import load_backend
+from workers.backends.base import ModelBackend
 from workers.execution import BatchRunner
 from workers.gpu_metrics import GpuSampler
 from workers.lane import WorkerLane
@@ -153,17 +154,20 @@ class Worker(Service):
 
         ConfigError first when this pool cannot place them (no CUDA device, say).
         """
-        # The backends take no device yet: place() refuses every CUDA placement.
-        count = len(place(entry.config, self.settings.pool))
+        placed = place(entry.config, self.settings.pool)
         path = entry.version_path(version)
         install = self.settings.ts_install_requirements
-        first = load_backend(entry.config, path, self.threads, count, install)
-        backends = [first] + [
-            first
-            if first.shareable
-            else load_backend(entry.config, path, self.threads, count, install)
-            for _ in range(count - 1)
-        ]
+        loaded: dict[int | None, ModelBackend] = {}  # a shareable model, once per device
+        backends: list[ModelBackend] = []
+        for placement in placed:
+            shared = loaded.get(placement.device)
+            if shared is None or not shared.shareable:
+                on_device = sum(p.device == placement.device for p in placed)
+                shared = load_backend(
+                    entry.config, path, self.threads, on_device, install, placement.device
+                )
+                loaded.setdefault(placement.device, shared)
+            backends.append(shared.instance())
         runners = [
             BatchRunner(entry.config, backend, self.settings.isolation_runs) for backend in backends
         ]

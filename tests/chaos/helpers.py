@@ -22,6 +22,7 @@ SERVICES = {
     "gateway": ["gateway"],
     "batcher": ["batcher"],
     "worker": ["worker", "--pool", "cpu"],
+    "gpu-worker": ["worker", "--pool", "gpu"],
 }
 
 
@@ -101,13 +102,17 @@ def tiny_body(row: np.ndarray) -> dict[str, object]:
 
 @dataclass
 class Outcome:
-    """What one request got: HTTP status (0: no response), output row, and when (monotonic)."""
+    """What one request got: HTTP status (0: no response), output row, and when (monotonic).
+
+    ``sent_s``: when the client sent it; ``done_s``: when its answer came back.
+    """
 
     status: int
     output: np.ndarray | None
     sent_s: float
     row: int
     error: str = ""
+    done_s: float = 0.0
 
 
 async def request(
@@ -117,11 +122,11 @@ async def request(
     try:
         response = await client.post(f"{url}/v2/models/{model}/infer", json=tiny_body(rows[i]))
     except httpx.HTTPError:
-        return Outcome(0, None, sent, i)
+        return Outcome(0, None, sent, i, done_s=time.monotonic())
     if response.status_code != 200:
-        return Outcome(response.status_code, None, sent, i, response.text)
+        return Outcome(response.status_code, None, sent, i, response.text, time.monotonic())
     output = np.asarray(response.json()["outputs"][0]["data"], dtype=np.float32)
-    return Outcome(response.status_code, output, sent, i)
+    return Outcome(response.status_code, output, sent, i, done_s=time.monotonic())
 
 
 async def closed_loop(

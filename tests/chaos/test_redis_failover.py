@@ -111,7 +111,9 @@ def check(outcomes: list[Outcome], window: dict[str, float], log: str) -> None:
     assert [(o.status, o.error) for o in outcomes if o.status not in (200, 503)] == []
     resumed = min(o.sent_s for o in outcomes if o.status == 200 and o.sent_s > window["back"])
     for outcome in (o for o in outcomes if o.status == 503):
-        assert window["kill"] - 0.5 <= outcome.sent_s <= resumed, outcome.error
+        # Answered once the kill began (a loaded machine may hold a request sent before it
+        # for seconds), and sent no later than the first request served after recovery.
+        assert window["kill"] <= outcome.done_s and outcome.sent_s <= resumed, outcome.error
     assert sum(o.status == 200 and o.sent_s > resumed for o in outcomes) > 100
     # The requests in flight when Redis went were queued again, not left to their deadline.
     assert "re-submitting the" in log, log[-3000:]

@@ -77,7 +77,8 @@ def test_redis_outage_gives_503_only_while_down(
         resumed = min(o.sent_s for o in outcomes if o.status == 200 and o.sent_s > window["up"])
         assert resumed - window["up"] < 15, "serving did not resume on its own in time"
         for outcome in unavailable:
-            assert window["down"] - 0.5 <= outcome.sent_s <= resumed, outcome.error
+            # Answered once Redis went away, and sent no later than service came back.
+            assert window["down"] <= outcome.done_s and outcome.sent_s <= resumed, outcome.error
         after = [o for o in outcomes if o.sent_s > resumed + 0.5]
         assert len(after) > 20 and all(o.status == 200 for o in after)
         for outcome in (o for o in outcomes if o.status == 200):

@@ -88,6 +88,9 @@ def test_dockerfiles_are_multi_stage_non_root_and_pin_the_projects_torch() -> No
     assert not re.search(r"^EXPOSE", cuda, flags=re.MULTILINE), "GPU workers listen on no port"
     assert dockerfile_args(cuda)["CUDA_IMAGE"].startswith("nvidia/cuda:")
     assert dockerfile_args(cuda)["TENSORRT_PACKAGE"].startswith("tensorrt")
+    # ONNX Runtime's CUDA and TensorRT providers: the GPU build replaces PyPI's CPU one.
+    assert dockerfile_args(cuda)["ONNXRUNTIME_PACKAGE"] == "onnxruntime-gpu"
+    assert "pip uninstall --yes onnxruntime" in cuda
 
 
 def test_compose_build_args_are_the_dockerfiles_declared_where_used_with_equal_defaults() -> None:

@@ -195,6 +195,19 @@ def test_openvino_streams_follow_the_instances_and_parameters_pass_through(
     np.testing.assert_array_equal(out["OUTPUT0"], 2 * x)
 
 
+def test_openvino_refuses_a_cuda_device_naming_the_model(tmp_path: Path) -> None:
+    from workers.backends.openvino_backend import OpenVinoBackend
+
+    xml = openvino_ir(tmp_path, onnx_models.add_sub())
+    config = onnx_config("ov_model", backend="openvino")
+    with pytest.raises(
+        ConfigError, match=r"^model ov_model: Weir runs OpenVINO on the CPU only"
+    ) as info:
+        OpenVinoBackend(config, xml.parent, device=0)
+    assert "does not run on NVIDIA GPUs" in str(info.value)
+    assert "KIND_CPU" in str(info.value)
+
+
 def test_openvino_makes_a_fixed_batch_dimension_dynamic_when_the_config_batches(
     tmp_path: Path,
 ) -> None:

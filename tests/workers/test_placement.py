@@ -26,7 +26,6 @@ from tests.conftest import ROOT, private_mesh
 from weir.config import ModelConfig
 from weir.errors import ConfigError
 from weir.redis_server import RedisServer
-from workers import placement
 from workers.placement import (
     POOL_KINDS,
     Devices,
@@ -87,8 +86,8 @@ def test_an_empty_gpus_means_every_visible_device() -> None:
         ("KIND_CPU", [None, None], []),
         ("KIND_MODEL", [None, None], []),
         ("KIND_GPU", [], [0, 0, 1, 1]),
-        # The cpu pool's until instances run on devices (placement.SERVES_ON_DEVICES).
-        ("KIND_AUTO", [None, None], []),
+        # Triton's "a GPU when there is one": the gpu pool's devices, and the cpu pool's CPU.
+        ("KIND_AUTO", [None, None], [0, 0, 1, 1]),
     ],
 )
 def test_each_kind_runs_in_its_pools(kind: str, cpu: list[int | None], gpu: list[int]) -> None:
@@ -99,22 +98,11 @@ def test_each_kind_runs_in_its_pools(kind: str, cpu: list[int | None], gpu: list
     assert instance_count(model, "gpu", visible_gpus=2) == len(gpu)
 
 
-def test_a_model_without_instance_group_is_kind_auto_and_the_cpu_pools_for_now() -> None:
+def test_a_model_without_instance_group_is_kind_auto_in_both_pools() -> None:
     model = config()
     assert placements(model, "cpu", TWO) == [Placement(None, "m_0")]
-    assert placements(model, "gpu", TWO) == []
+    assert devices(placements(model, "gpu", TWO)) == [0, 1]
     assert set(POOL_KINDS) == {"cpu", "gpu"}
-
-
-def test_kind_auto_goes_on_the_gpus_once_instances_run_on_devices(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    # Triton's meaning, a GPU when there is one: the gpu pool's devices, else the CPU.
-    monkeypatch.setattr(placement, "SERVES_ON_DEVICES", True)
-    model = config({"kind": "KIND_AUTO", "count": 2})
-    assert devices(placements(model, "cpu", TWO)) == [None, None]
-    assert devices(placements(model, "gpu", TWO)) == [0, 0, 1, 1]
-    assert devices(placements(config(), "gpu", TWO)) == [0, 1]
 
 
 def test_mixed_groups_split_between_the_pools_in_group_order() -> None:
@@ -128,8 +116,20 @@ def test_mixed_groups_split_between_the_pools_in_group_order() -> None:
         Placement(None, "m_0"),
         Placement(None, "m_2"),
     ]
-    assert placements(model, "gpu", TWO) == [Placement(1, "fast")]
-    assert instance_count(model, "gpu", visible_gpus=2) == 1
+    assert placements(model, "gpu", TWO) == [
+        Placement(1, "fast"),
+        Placement(0, "m_2"),
+        Placement(1, "m_2"),
+    ]
+    assert instance_count(model, "gpu", visible_gpus=2) == 3
+
+
+def test_openvino_runs_in_the_cpu_pool_only() -> None:
+    auto = config(backend="openvino")
+    assert instance_count(auto, "gpu", visible_gpus=2) == 0  # KIND_AUTO: its CPU
+    assert devices(placements(auto, "cpu", TWO)) == [None]
+    with pytest.raises(ConfigError, match="'openvino' runs on the CPU only; give its"):
+        placements(config({"kind": "KIND_GPU"}, backend="openvino"), "gpu", TWO)
 
 
 @pytest.mark.parametrize("gpus", [[3], [0, 2], [-1]])
@@ -144,10 +144,7 @@ def test_a_gpu_the_worker_does_not_see_is_named(gpus: list[int]) -> None:
 
 
 @pytest.mark.parametrize("kind", ["KIND_GPU", "KIND_AUTO"])
-def test_no_cuda_device_refuses_a_gpu_pool_group(
-    kind: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(placement, "SERVES_ON_DEVICES", True)  # KIND_AUTO in the gpu pool
+def test_no_cuda_device_refuses_a_gpu_pool_group(kind: str) -> None:
     with pytest.raises(ConfigError) as raised:
         placements(config({"kind": kind, "gpus": [0]}), "gpu", NONE)
     message = str(raised.value)
@@ -165,14 +162,13 @@ def test_tensorrt_runs_in_the_gpu_pool_only() -> None:
 
 
 def test_the_gpu_pool_never_places_a_model_on_this_machines_cpu() -> None:
-    """With no device it refuses; with devices too, as no backend runs on one yet."""
+    """Every instance it places is on a CUDA device; with none seen, it refuses."""
     seen = visible_devices()
-    with pytest.raises(ConfigError) as raised:
-        place(config({"kind": "KIND_GPU"}), "gpu")
     if seen.count:
-        assert "serving on CUDA devices is not implemented yet" in str(raised.value)
-    else:
-        assert "needs a CUDA device, and this worker sees none" in str(raised.value)
+        assert {p.device for p in place(config({"kind": "KIND_GPU"}), "gpu")} == {0}
+        return
+    with pytest.raises(ConfigError, match="needs a CUDA device, and this worker sees none"):
+        place(config({"kind": "KIND_GPU"}), "gpu")
 
 
 # --- the cpu pool never touches CUDA ----------------------------------------------------------

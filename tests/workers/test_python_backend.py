@@ -113,6 +113,21 @@ def test_initialize_gets_name_version_directory_config_and_parameters(tmp_path: 
     assert context.system_properties["model_dir"] == str(version_dir)
 
 
+@pytest.mark.parametrize(
+    ("device", "kind", "device_id"), [(None, "CPU", "0"), (0, "GPU", "0"), (1, "GPU", "1")]
+)
+def test_initialize_gets_the_instance_kind_and_device_by_tritons_names(
+    tmp_path: Path, device: int | None, kind: str, device_id: str
+) -> None:
+    version_dir = write_model(tmp_path, SHOUTER)
+    context = PythonBackend(config(), version_dir, device).handler.context
+
+    assert context.model_instance_kind == kind
+    assert context.model_instance_device_id == device_id
+    assert context.system_properties == {"model_dir": str(version_dir), "gpu_id": device}
+    assert (context.model_name, context.parameters) == ("shouter", {"suffix": "!"})
+
+
 def test_handler_exception_fails_only_the_request_it_failed_on(tmp_path: Path) -> None:
     runner = BatchRunner(config(), load_backend(config(), write_model(tmp_path, SHOUTER)))
     requests = [request([b"fine"]), request([b"boom"]), request([b"also fine"])]

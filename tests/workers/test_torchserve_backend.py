@@ -240,6 +240,20 @@ def test_class_handler_is_built_and_initialized_with_the_context(tmp_path: Path)
     assert Path(backend.context.system_properties["model_dir"], "handler.py").is_file()
 
 
+def test_the_context_gives_the_instances_cuda_device_as_gpu_id(tmp_path: Path) -> None:
+    archive = archive_of(
+        tmp_path, "describer", CLASS_HANDLER, config_yaml="handler:\n  threshold: 0.25\n"
+    )
+    version_dir = tmp_path / "repository" / "describer" / "1"
+    version_dir.mkdir(parents=True)
+    (version_dir / "model.mar").symlink_to(archive)
+    backend = TorchServeBackend(config("describer", 8), version_dir, device=1)
+
+    assert backend.context.system_properties["gpu_id"] == 1
+    (answer,) = answers(backend.infer({envelope.BODY: objects([b""])}))
+    assert b" gpu_id=1 " in answer[0]
+
+
 EXTRA_FILES_HANDLER = """
     import json
     import os

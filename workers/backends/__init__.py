@@ -16,33 +16,49 @@ def load_backend(
     share: ThreadShare | None = None,
     instances: int = 1,
     install_requirements: bool = False,
+    device: int | None = None,
 ) -> ModelBackend:
-    """Load an instance of ``config``'s model from ``version_dir``.
+    """Load ``config``'s model from ``version_dir``, on the CPU or a CUDA device.
 
     ``share``: the worker's threads, which the instances of every model share out;
-    ``instances``: how many instances of this model the worker runs;
-    ``install_requirements``: install a TorchServe archive's ``requirements.txt``.
+    ``instances``: how many instances of this model the worker runs (on ``device``);
+    ``install_requirements``: install a TorchServe archive's ``requirements.txt``;
+    ``device``: the index of the CUDA device to load it on (None: the CPU). Each instance
+    calls :meth:`ModelBackend.instance` of what this returns (a ``shareable`` one: of one
+    loaded object per device).
     """
     if config.backend is Backend.PYTORCH:
         from workers.backends.torch_backend import TorchBackend
 
-        return TorchBackend(config, version_dir, share)
+        return TorchBackend(config, version_dir, share, device)
     if config.backend is Backend.ONNXRUNTIME:
         from workers.backends.onnxruntime_backend import OnnxRuntimeBackend
 
-        return OnnxRuntimeBackend(config, version_dir, share, instances)
+        return OnnxRuntimeBackend(config, version_dir, share, instances, device)
     if config.backend is Backend.OPENVINO:
         from workers.backends.openvino_backend import OpenVinoBackend
 
-        return OpenVinoBackend(config, version_dir, share, instances)
+        return OpenVinoBackend(config, version_dir, share, instances, device)
+    if config.backend is Backend.TENSORRT:
+        return _tensorrt(config, version_dir, instances, device)
     if config.backend is Backend.PYTHON:
         from workers.backends.python_backend import PythonBackend
 
-        return PythonBackend(config, version_dir)
+        return PythonBackend(config, version_dir, device)
     if config.backend is Backend.TORCHSERVE:
         from workers.backends.torchserve_backend import TorchServeBackend
 
-        return TorchServeBackend(config, version_dir, install_requirements)
+        return TorchServeBackend(config, version_dir, install_requirements, device)
     raise ConfigError(
         f"{version_dir}: backend {config.backend.value!r} is not available in this worker yet"
     )
+
+
+def _tensorrt(
+    config: ModelConfig, version_dir: Path, instances: int, device: int | None
+) -> ModelBackend:
+    if device is None:
+        raise ConfigError(f"model '{config.name}': a TensorRT engine runs on a CUDA device only")
+    from workers.backends.tensorrt_backend import TensorRTBackend
+
+    return TensorRTBackend(config, version_dir, device, instances)

@@ -19,6 +19,17 @@ class ModelBackend(ABC):
     # True when one loaded object may serve every instance of its model, each from its own
     # thread at the same time: the weights are then in memory once, not once per instance.
     shareable = False
+    # The CUDA device this instance runs on (an index among the devices the worker sees);
+    # None: the CPU.
+    device: int | None = None
+
+    def instance(self) -> ModelBackend:
+        """What one more instance of this loaded, ``shareable`` model calls ``infer`` on.
+
+        On the CPU the loaded object itself. A backend on a CUDA device returns a view that
+        shares its weights and has a CUDA stream (and staging buffers) of its own.
+        """
+        return self
 
     @abstractmethod
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -34,7 +45,8 @@ class RuntimeBackend(ModelBackend):
 
     ONNX Runtime and OpenVINO are such runtimes. ``share`` is the worker's threads; its total
     is the cores this process may use unless the worker set it. ``instances``: how many
-    instances of the model the worker runs. A subclass loads the model in :meth:`load`;
+    instances of the model the worker runs (on ``device`` when that is a CUDA device's index;
+    a model is loaded once per device). A subclass loads the model in :meth:`load`;
     whatever the runtime raises there stops the load with the file and the runtime's reason.
     """
 
@@ -47,8 +59,10 @@ class RuntimeBackend(ModelBackend):
         version_dir: Path,
         share: ThreadShare | None = None,
         instances: int = 1,
+        device: int | None = None,
     ) -> None:
         self.config = config
+        self.device = device
         self.share = share or ThreadShare()
         self.share.know(available_cores())
         self.path = model_path(config, version_dir)

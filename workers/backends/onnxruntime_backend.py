@@ -1,20 +1,28 @@
 """ONNX Runtime backend: ``model.onnx`` (Triton's ``onnxruntime`` / ``onnxruntime_onnx``).
 
-One ``InferenceSession`` per model, shared by its instances: ``run`` is thread-safe, so the
-weights are in memory once. Inputs and outputs bind by name. Threads: the config parameter
+One ``InferenceSession`` per model and device (the CPU or one CUDA device), shared by the
+model's instances there: ``run`` is thread-safe, so the weights are in memory (or on the
+device) once. Inputs and outputs bind by name. Threads: the config parameter
 ``intra_op_thread_count`` (Triton's name) when set, else the worker's threads divided among
 the model's instances, so its instances side by side never run more threads than the worker
-has; ``inter_op_thread_count`` (default 1) and ``execution_mode`` (0 sequential, 1
-parallel) as Triton reads them. The pool's threads do not spin between batches
-(``session.intra_op.allow_spinning`` 0, as ``OMP_WAIT_POLICY=PASSIVE`` does for torch: a
-spinning thread holds a core the gateway and Redis need); any ``session.*`` parameter is
-passed to ONNX Runtime as a session config entry and overrides that.
+has (on a CUDA device too); ``inter_op_thread_count`` (default 1) and ``execution_mode``
+(0 sequential, 1 parallel) as Triton reads them. The pool's threads do not spin between
+batches (``session.intra_op.allow_spinning`` 0, as ``OMP_WAIT_POLICY=PASSIVE`` does for
+torch: a spinning thread holds a core the gateway and Redis need); any ``session.*``
+parameter is passed to ONNX Runtime as a session config entry and overrides that.
 
 ``optimization.graph.level``: Triton's -1 basic, 1 extended, 2 none; unset, all.
 ``enable_mem_arena`` / ``enable_mem_pattern``: 0 or 1. ``memory.enable_memory_arena_shrinkage``
-goes to each run's options. The execution providers come from :func:`providers`: on the CPU
-pool, ONNX Runtime's CPU provider, or OpenVINO's when ``cpu_execution_accelerator`` names
-``openvino`` and that provider is installed.
+goes to each run's options. The execution providers and their options come from
+:mod:`workers.backends.onnxruntime_providers`: on a CUDA device TensorRT's (when the config's
+``gpu_execution_accelerator`` names ``tensorrt``), CUDA's, then the CPU's.
+
+On a CUDA device the batches stay numpy arrays: ONNX Runtime copies the inputs to the device
+and the outputs back itself, so this backend keeps no CUDA stream of its own per instance
+(each instance calls the one session). ONNX Runtime's Python API would fall back to the CPU
+when a GPU provider fails to start, and it skips one it cannot create (its libraries
+missing) with only a line in its log: here the session has no fallback, and a session
+without every provider it was given fails the load, naming the missing ones.
 
 BYTES tensors reach the model as strings (UTF-8) and come back as bytes. BF16 cannot cross
 ONNX Runtime's Python API as numpy and is refused at load.
@@ -22,6 +30,7 @@ ONNX Runtime's Python API as numpy and is refused at load.
 
 from __future__ import annotations
 
+import functools
 import logging
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +42,8 @@ import onnxruntime as ort
 from weir.config import ModelConfig
 from weir.errors import ConfigError, InvalidInput
 from workers.backends.base import RuntimeBackend
+from workers.backends.onnxruntime_providers import Provider
+from workers.backends.onnxruntime_providers import providers as providers  # bench/raw.py's too
 
 logger = logging.getLogger(__name__)
 
@@ -41,20 +52,23 @@ GRAPH_LEVELS = {
     1: ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
     2: ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
 }
-CPU_ACCELERATORS = {"openvino": "OpenVINOExecutionProvider"}
 SPINNING = "session.intra_op.allow_spinning"
 SHRINKAGE = "memory.enable_memory_arena_shrinkage"
 
 
 class OnnxRuntimeBackend(RuntimeBackend):
-    """An ONNX model in one session, shared by the model's instances."""
+    """An ONNX model in one session per device, shared by the model's instances there."""
 
     runtime = "ONNX Runtime"
 
     def load(self) -> None:
         config = self.config
         options = session_options(config, max(self.share.total // self.instances, 1))
-        self.session = ort.InferenceSession(str(self.path), options, providers=providers(config))
+        chosen = providers(config, self.device)
+        if self.device is None:
+            self.session = ort.InferenceSession(str(self.path), options, providers=chosen)
+        else:
+            self.session = _gpu_session(config, self.path, options, chosen, self.device)
         self.run_options = run_options(config)
         self.output_names = [spec.name for spec in config.output]
         self.feeders = _feeders(config, self.path, self.session)
@@ -104,22 +118,45 @@ def run_options(config: ModelConfig) -> ort.RunOptions | None:
     return options
 
 
-def providers(config: ModelConfig) -> list[str]:
-    """The execution providers of a CPU instance, the config's accelerators first."""
-    chosen: list[str] = []
-    accelerators = config.optimization.execution_accelerators if config.optimization else None
-    available = ort.get_available_providers()
-    for accelerator in accelerators.cpu_execution_accelerator if accelerators else ():
-        provider = CPU_ACCELERATORS.get(accelerator.name)
-        if provider is None or provider not in available:
-            raise ConfigError(
-                f"model {config.name}: cpu_execution_accelerator {accelerator.name!r} is not "
-                f"available in this ONNX Runtime (providers: {', '.join(available)})"
-            )
-        chosen.append(provider)
-    if accelerators and accelerators.gpu_execution_accelerator:
-        logger.info("model %s: gpu_execution_accelerator applies on the GPU pool", config.name)
-    return [*chosen, "CPUExecutionProvider"]
+def _gpu_session(
+    config: ModelConfig,
+    path: Path,
+    options: ort.SessionOptions,
+    chosen: list[Provider],
+    device: int,
+) -> ort.InferenceSession:
+    """A session on CUDA device ``device`` that has every GPU provider it was given.
+
+    ONNX Runtime's Python API retries on the CPU when a GPU provider fails to start and
+    skips one it cannot create (its libraries missing), saying so only in its log: neither
+    may turn a GPU instance into a CPU one here.
+    """
+    _load_cuda_libraries()
+    session = ort.InferenceSession(str(path), options, providers=chosen, enable_fallback=0)
+    session.disable_fallback()  # nor move to the CPU after a run fails on the device
+    names = [p if isinstance(p, str) else p[0] for p in chosen]
+    missing = [name for name in names if name not in session.get_providers()]
+    if missing:
+        raise ConfigError(
+            f"{path}: ONNX Runtime could not start {', '.join(missing)} on CUDA device "
+            f"{device} for model {config.name} (the session has "
+            f"{', '.join(session.get_providers())}): the CUDA, cuDNN (and for TensorRT, "
+            "TensorRT) libraries it loads must be on the library path"
+        )
+    return session
+
+
+@functools.cache
+def _load_cuda_libraries() -> None:
+    """Load NVIDIA's CUDA and cuDNN libraries for ONNX Runtime's CUDA provider, once.
+
+    ``onnxruntime.preload_dlls`` (onnxruntime-gpu 1.21 on) loads those of NVIDIA's pip
+    packages, which torch's CUDA wheels bring; an older ONNX Runtime finds them only if torch
+    loaded them first or they are on the library path.
+    """
+    preload = getattr(ort, "preload_dlls", None)
+    if preload is not None:
+        preload()
 
 
 def _int(config: ModelConfig, key: str, default: int) -> int:

@@ -1,5 +1,8 @@
 """OpenVINO backend: IR models (``model.xml`` + ``model.bin``, Triton's ``openvino``), on CPU.
 
+Weir runs OpenVINO on the CPU only: OpenVINO does not run on NVIDIA GPUs, so a load on a CUDA
+device fails naming the model (its instance groups must be ``KIND_CPU``).
+
 The model is read and compiled once per model, for the ``CPU`` device, and shared by its
 instances; each batch takes an infer request of its own from a free list (one per batch
 computing at once), so the instances run side by side on the compiled model's streams.
@@ -60,6 +63,12 @@ class OpenVinoBackend(RuntimeBackend):
 
     def load(self) -> None:
         config = self.config
+        if self.device is not None:
+            raise ConfigError(
+                f"model {config.name}: Weir runs OpenVINO on the CPU only (OpenVINO does not "
+                f"run on NVIDIA GPUs), not on CUDA device {self.device}; give the model's "
+                "instance_group kind KIND_CPU"
+            )
         core = ov.Core()
         model = core.read_model(str(self.path))
         _dynamic_batch(config, model)

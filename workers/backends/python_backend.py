@@ -9,7 +9,11 @@ The handler contract:
 - The class is built with no arguments, once per instance the ``instance_group`` asks
   for, and ``initialize(context)`` is called once with a :class:`HandlerContext`: the model
   name and version, the version directory (``model_dir``, where files such as a
-  ``tokenizer.json`` live), the :class:`~weir.config.ModelConfig` and its ``parameters``.
+  ``tokenizer.json`` live), the :class:`~weir.config.ModelConfig` and its ``parameters``, and
+  where the instance runs, by Triton's names: ``model_instance_kind`` ``"CPU"`` or ``"GPU"``
+  and ``model_instance_device_id``, the CUDA device's index among those the worker sees, as a
+  string (``"0"`` on the CPU, as Triton gives it); ``system_properties["gpu_id"]`` is that
+  index too (None on the CPU), TorchServe's name. A handler on a GPU puts its model there.
 - Each batch runs ``preprocess(batch)`` -> ``inference(data)`` -> ``postprocess(data)``.
   ``batch`` maps every config input name to a numpy array holding the whole batch (the
   first dimension is the batch when ``max_batch_size > 0``); ``BYTES`` inputs arrive as
@@ -73,11 +77,22 @@ class HandlerContext:
     model_dir: Path
     config: ModelConfig
     parameters: Mapping[str, str] = field(default_factory=dict)
+    device: int | None = None  # the CUDA device's index; None: the CPU
+
+    @property
+    def model_instance_kind(self) -> str:
+        """Triton's name for where the instance runs: ``"GPU"`` or ``"CPU"``."""
+        return "CPU" if self.device is None else "GPU"
+
+    @property
+    def model_instance_device_id(self) -> str:
+        """Triton's name for the CUDA device's index, a string; ``"0"`` on the CPU."""
+        return str(self.device or 0)
 
     @property
     def system_properties(self) -> dict[str, Any]:
-        """TorchServe's name for where the model's files are."""
-        return {"model_dir": str(self.model_dir), "gpu_id": None}
+        """TorchServe's names for where the model's files are and its GPU (None: the CPU)."""
+        return {"model_dir": str(self.model_dir), "gpu_id": self.device}
 
     def is_cancelled(self) -> bool:
         """Whether nobody waits for the batch being run any more (Triton's name).
@@ -93,15 +108,16 @@ class HandlerContext:
 
 
 class PythonBackend(ModelBackend):
-    """One instance of a Python handler."""
+    """One instance of a Python handler, on the CPU or CUDA device ``device``."""
 
-    def __init__(self, config: ModelConfig, version_dir: Path) -> None:
+    def __init__(self, config: ModelConfig, version_dir: Path, device: int | None = None) -> None:
         self.config = config
+        self.device = device
         self.path = model_path(config, version_dir)
         module = _load_module(config.name, version_dir, self.path)
         handler_class = find_handler_class(module, self.path)
         context = HandlerContext(
-            config.name, version_dir.name, version_dir, config, dict(config.parameters)
+            config.name, version_dir.name, version_dir, config, dict(config.parameters), device
         )
         try:
             self.handler = handler_class()

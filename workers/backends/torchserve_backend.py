@@ -25,8 +25,9 @@ working directory. A Weir worker runs many models in one process, so:
 - The working directory is not changed (it is the process's, shared by every model):
   a handler must open its files by ``context.system_properties["model_dir"]``, as
   TorchServe's handlers do, not by a relative path.
-- ``system_properties["gpu_id"]`` is None: Weir's backends take no device yet
-  (:mod:`workers.placement` places no instance on a GPU), so handlers run on the CPU.
+- ``system_properties["gpu_id"]`` is the index of the CUDA device the instance runs on
+  (among those the worker sees, :mod:`workers.placement`), or None on the CPU: TorchServe's
+  handlers put their model on ``cuda:<gpu_id>`` when it is set and CUDA is available.
 - The archive's ``requirements.txt`` is installed only when the worker allows it
   (:mod:`workers.backends.torchserve_requirements`); otherwise it is said once, at info.
 
@@ -86,14 +87,19 @@ PREDICTION_METRIC = "PredictionTime"
 
 
 class TorchServeBackend(ModelBackend):
-    """One instance of a TorchServe archive's handler."""
+    """One instance of a TorchServe archive's handler, on the CPU or CUDA device ``device``."""
 
     shareable = False  # a handler object serves one batch at a time
 
     def __init__(
-        self, config: ModelConfig, version_dir: Path, install_requirements: bool = False
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        install_requirements: bool = False,
+        device: int | None = None,
     ) -> None:
         self.config = config
+        self.device = device
         self.batches = config.max_batch_size > 0
         self.path = model_path(config, version_dir)
         self.model_dir = _unpack(self.path)
@@ -103,7 +109,7 @@ class TorchServeBackend(ModelBackend):
             str(self.model_dir),
             self.manifest.raw,
             max(config.max_batch_size, 1),  # TorchServe's batch_size is 1 without batching
-            None,  # gpu_id: the backends take no device yet (workers.placement)
+            device,  # gpu_id: None on the CPU
             weir.__version__,
             archive.read_model_config(self.model_dir),
         )

@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The gpu pool's device check: one command, on a machine with an NVIDIA GPU, from the
+# repository root. It prints what it finds and leaves its logs and tables in OUT_DIR.
+#
+#   tests/gpu/device_check.sh [OUT_DIR]        # default: $OUT, else /tmp/weir-device-check
+#
+# What it needs: python3 with a CUDA build of torch. Weir's other dependencies come from
+# .whl/ when that folder is there (tests/gpu/wheels.sh fills it, for a machine that reaches
+# no package index), else from the package index (pip install -e '.[worker,gpu,dev]').
+# onnxruntime-gpu and tensorrt are used where installed; their tests and bench rows are
+# skipped, saying so, where they are not.
+#
+# Steps: the GPU and the runtimes seen; the example models the GPU tests serve (and a
+# TensorRT engine, in the tests, where tensorrt is installed); the `gpu` tests
+# (tests/gpu/test_gpu_pool.py); the benchmark's GPU section (bench/gpu.py), whose table
+# goes into bench/README.md. About 6 minutes with torch alone.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+OUT_DIR=${1:-${OUT:-/tmp/weir-device-check}}
+PYTHON=${PYTHON:-python3}
+mkdir -p "$OUT_DIR"
+export PYTHONUNBUFFERED=1
+status=0
+
+step() { echo; echo "== $* ($(date -u +%T))"; }
+
+step "the GPU"
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv || status=1
+"$PYTHON" - <<'PY' || exit 1
+import torch
+assert torch.cuda.is_available(), "torch sees no CUDA device"
+print("torch", torch.__version__, "CUDA", torch.version.cuda, torch.cuda.get_device_name(0))
+PY
+
+step "installing Weir's dependencies"
+if [ -d .whl ]; then
+    "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+        --target /tmp/weir-site .whl/*.whl || exit 1
+    export PYTHONPATH=/tmp/weir-site:$PWD
+else
+    "$PYTHON" -m pip install -q -e '.[worker,gpu,dev]' || exit 1
+    export PYTHONPATH=$PWD
+fi
+"$PYTHON" - <<'PY' || exit 1
+import importlib, importlib.util
+for name in ("torch", "onnxruntime", "tensorrt", "pynvml"):
+    found = importlib.util.find_spec(name) is not None
+    version = getattr(importlib.import_module(name), "__version__", "?") if found else "-"
+    extra = ""
+    if name == "onnxruntime" and found:
+        extra = " providers: " + ", ".join(importlib.import_module(name).get_available_providers())
+    print(f"{name:12} {version}{extra}")
+import weir.cli  # noqa: F401  every Weir import resolves
+PY
+
+step "building the example models the GPU tests serve"
+"$PYTHON" examples/build_models.py --models tiny_mlp wide_mlp bert_mini tiny_mlp_onnx \
+    bert_mini_onnx || exit 1
+
+step "the gpu tests"
+"$PYTHON" -m pytest tests/gpu -m gpu -v -rs -p no:cacheprovider -W default \
+    --timeout 300 2>&1 | tee "$OUT_DIR/gpu-tests.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "the benchmark's GPU section"
+"$PYTHON" -m bench.gpu --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-gpu.log"
+[ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+
+step "done: $([ $status -eq 0 ] && echo passed || echo FAILED)"
+exit $status
