@@ -14,6 +14,7 @@ Length`` still gives the JSON header's length before compression.
 
 from __future__ import annotations
 
+import functools
 import zlib
 from enum import StrEnum
 
@@ -47,7 +48,9 @@ class UnsupportedEncoding(InvalidInput):
 
 def request_coding(content_encoding: str | None) -> Coding:
     """The coding a ``Content-Encoding`` header names; UnsupportedEncoding for others."""
-    raw = content_encoding or ""
+    if not content_encoding:  # nearly every request: no enum lookup, no exception
+        return Coding.IDENTITY
+    raw = content_encoding
     try:
         return Coding(raw.strip().lower() or "identity")
     except ValueError:
@@ -105,10 +108,18 @@ def response_coding(accept_encoding: str | None) -> Coding:
     """The coding to answer in: the highest-weighted of identity, gzip and deflate.
 
     Triton's rule: ``q`` weights decide, the first listed wins a tie, ``q=0`` (or a weight
-    that does not parse) never wins, and anything else named is ignored.
+    that does not parse) never wins, and anything else named is ignored. A client sends the
+    same header on every request, so the answer is remembered per header value.
     """
+    if not accept_encoding:
+        return Coding.IDENTITY
+    return _preferred(accept_encoding)
+
+
+@functools.lru_cache(maxsize=64)
+def _preferred(accept_encoding: str) -> Coding:
     best, best_weight = Coding.IDENTITY, 0.0
-    for item in (accept_encoding or "").split(","):
+    for item in accept_encoding.split(","):
         name, _, params = item.partition(";")
         coding = _known(name)
         weight = _weight(params)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,18 @@ def example_repository(build_models: ModuleType) -> Path:
 
 
 @pytest.fixture(scope="session")
+def tiny_repository(example_repository: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A repository of tiny_mlp alone, for a private mesh that serves nothing else.
+
+    A worker loads and warms every model of its repository before the mesh is ready: the
+    whole example repository costs a private mesh several seconds of start-up it never uses.
+    """
+    root = tmp_path_factory.mktemp("tiny-repository")
+    shutil.copytree(example_repository / "tiny_mlp", root / "tiny_mlp")
+    return root
+
+
+@pytest.fixture(scope="session")
 def redis_server() -> Iterator[RedisServer]:
     with RedisServer() as server:
         yield server
@@ -72,6 +85,21 @@ def redis_cluster() -> Iterator[Any]:
 def redis_kind(request: pytest.FixtureRequest) -> str:
     """What the session mesh runs on: one redis-server, or (where a module asks) a cluster."""
     return str(getattr(request, "param", "single"))
+
+
+# The longest modules start first, so that with several test processes (pytest-xdist, whole
+# files per process) they run beside the rest rather than alone at the end.
+FIRST = ("tests/deploy/test_compose_docker.py", "tests/chaos/test_redis_failover.py")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Put the tests of :data:`FIRST` first, in that order; the rest keep theirs."""
+
+    def rank(item: pytest.Item) -> int:
+        path = item.path.relative_to(ROOT).as_posix()
+        return FIRST.index(path) if path in FIRST else len(FIRST)
+
+    items.sort(key=rank)  # stable: the order within each module and of the rest stays
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:

@@ -18,7 +18,7 @@ MAX_CONNECTIONS = 30
 
 
 @pytest.fixture(scope="module")
-def limited(example_repository: Path) -> Iterator[Mesh]:
+def limited(tiny_repository: Path) -> Iterator[Mesh]:
     env = {
         "WEIR_GATEWAY_MAX_HEADER_BYTES": "8192",
         "WEIR_GATEWAY_MAX_HEADERS": "50",
@@ -26,7 +26,7 @@ def limited(example_repository: Path) -> Iterator[Mesh]:
         "WEIR_GATEWAY_BODY_IDLE_TIMEOUT_S": "1",
         "WEIR_GATEWAY_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
     }
-    with private_mesh(example_repository, env) as mesh:
+    with private_mesh(tiny_repository, env) as mesh:
         yield mesh
 
 

@@ -40,9 +40,9 @@ async def hold_then_overflow(mesh: Mesh, held: int) -> tuple[httpx.Response, lis
     ids=["requests", "bytes"],
 )
 def test_past_the_budget_a_request_gets_503_and_the_held_ones_are_answered(
-    example_repository: Path, env: dict[str, str], held: int, words: str
+    tiny_repository: Path, env: dict[str, str], held: int, words: str
 ) -> None:
-    with private_mesh(example_repository, env) as mesh:
+    with private_mesh(tiny_repository, env) as mesh:
         extra, statuses = asyncio.run(hold_then_overflow(mesh, held))
     assert extra.status_code == 503
     assert extra.headers["retry-after"] == "1"

@@ -20,9 +20,9 @@ AUTH = {"Authorization": f"Bearer {TOKEN}"}
 
 
 @pytest.fixture(scope="module")
-def guarded(example_repository: Path) -> Iterator[Mesh]:
+def guarded(tiny_repository: Path) -> Iterator[Mesh]:
     env = {"WEIR_GATEWAY_MANAGEMENT_TOKEN": TOKEN, "WEIR_GATEWAY_METRICS_MAX_SCRAPES": "2"}
-    with private_mesh(example_repository, env) as mesh:
+    with private_mesh(tiny_repository, env) as mesh:
         yield mesh
 
 

@@ -33,10 +33,10 @@ async def fill_then_overflow(mesh: Mesh) -> tuple[httpx.Response, list[int]]:
 
 
 def test_a_model_without_max_queue_size_refuses_past_the_default(
-    example_repository: Path,
+    tiny_repository: Path,
 ) -> None:
     env = {"WEIR_GATEWAY_DEFAULT_MAX_QUEUE_SIZE": str(DEFAULT)}
-    with private_mesh(example_repository, env) as mesh:
+    with private_mesh(tiny_repository, env) as mesh:
         extra, statuses = asyncio.run(fill_then_overflow(mesh))
     assert extra.status_code == 503
     assert extra.headers["retry-after"] == "1"

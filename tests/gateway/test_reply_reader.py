@@ -26,8 +26,8 @@ ROW = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64], "data
 
 
 @pytest.fixture(scope="module")
-def mesh(example_repository: Path) -> Iterator[Mesh]:
-    with private_mesh(example_repository) as running:
+def mesh(tiny_repository: Path) -> Iterator[Mesh]:
+    with private_mesh(tiny_repository) as running:
         yield running
 
 

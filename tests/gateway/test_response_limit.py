@@ -17,9 +17,9 @@ LIMIT_BYTES = 1000  # tiny_mlp answers 16 FP32 per row: 64 bytes, so 15 rows fit
 
 
 @pytest.fixture(scope="module")
-def limited(example_repository: Path) -> Iterator[Mesh]:
+def limited(tiny_repository: Path) -> Iterator[Mesh]:
     env = {"WEIR_GATEWAY_RESPONSE_LIMIT_BYTES": str(LIMIT_BYTES)}
-    with private_mesh(example_repository, env) as mesh:
+    with private_mesh(tiny_repository, env) as mesh:
         yield mesh
 
 

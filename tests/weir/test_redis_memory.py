@@ -99,8 +99,8 @@ def test_admission_past_maxmemory_raises_redis_oom_and_queues_nothing(
 
 
 @pytest.fixture(scope="module")
-def memory_mesh(example_repository: Path) -> Iterator[Mesh]:
-    with private_mesh(example_repository) as running:
+def memory_mesh(tiny_repository: Path) -> Iterator[Mesh]:
+    with private_mesh(tiny_repository) as running:
         yield running
 
 

@@ -33,7 +33,7 @@ def make_certificates(folder: Path) -> tuple[Path, Path, Path]:
 
 
 @pytest.mark.timeout(90)
-def test_mesh_serves_over_a_tls_redis(tmp_path: Path, example_repository: Path) -> None:
+def test_mesh_serves_over_a_tls_redis(tmp_path: Path, tiny_repository: Path) -> None:
     if shutil.which("openssl") is None:
         pytest.skip("no openssl CLI to make test certificates")
     ca, cert, key = make_certificates(tmp_path)
@@ -52,7 +52,7 @@ def test_mesh_serves_over_a_tls_redis(tmp_path: Path, example_repository: Path) 
             output = server.communicate()[0].decode(errors="replace")
             pytest.skip(f"this redis-server has no TLS support: {output.strip()[-200:]}")
         url = f"rediss://127.0.0.1:{port}/0?ssl_ca_certs={ca}&ssl_cert_reqs=required"
-        mesh = start_mesh(url, example_repository)
+        mesh = start_mesh(url, tiny_repository)
         try:
             body = {"inputs": [{"name": "INPUT0", "datatype": "FP32", "shape": [1, 64],
                                 "data": [0.5] * 64}]}  # fmt: skip
