@@ -222,7 +222,10 @@ def measure_model(
 
 
 def raw_limits(served: list[Served], args: argparse.Namespace) -> dict[str, RawLimit]:
-    device, sizes = (None, CPU_RAW_BATCH_SIZES) if args.cpu else (0, gpu_models.RAW_BATCH_SIZES)
+    device = None if args.cpu else 0
+    sizes = tuple(args.raw_batches) if args.raw_batches else (
+        CPU_RAW_BATCH_SIZES if args.cpu else gpu_models.RAW_BATCH_SIZES
+    )  # fmt: skip
     limits = {}
     for item in served:
         limits[item.model] = gpu_models.raw_limit(item, device, sizes, args.raw_min_s)
@@ -341,6 +344,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=5.0, help="measured, per point")
     parser.add_argument("--warmup-s", type=float, default=1.0, help="not counted, per point")
     parser.add_argument("--raw-min-s", type=float, default=1.0, help="timed, per batch size")
+    parser.add_argument("--raw-batches", type=_numbers, help="batch sizes of the raw limit")
     parser.add_argument("--gateways", type=int, default=4, help="gateway processes")
     parser.add_argument("--gpu-workers", type=int, default=1, help="worker pool processes")
     parser.add_argument(

@@ -19,8 +19,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [
     "--models", "bert_mini", "--runtimes", "torch,tensorrt", "--cpu", "--concurrency", "1,4",
-    "--duration-s", "0.5", "--warmup-s", "0.2", "--raw-min-s", "0.2", "--gateways", "1",
-    "--load-processes", "1",
+    "--duration-s", "0.5", "--warmup-s", "0.2", "--raw-min-s", "0.2", "--raw-batches", "1",
+    "--gateways", "1", "--load-processes", "1",
 ]  # fmt: skip
 COLUMNS = ["model", "runtime", "concurrency", "req/s", "p50 ms", "p99 ms", "failed"]
 

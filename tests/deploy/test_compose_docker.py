@@ -76,11 +76,15 @@ def host_network_override(path: Path, ports: dict[str, int]) -> Path:
     shipped = yaml.safe_load(COMPOSE_FILE.read_text())["services"]
     redis_command = [*shipped["redis"]["command"], "--port", str(ports["redis"])]
     redis_command += ["--bind", "127.0.0.1"]
+    # The one-shot models service builds only the model this test serves: the rest of the
+    # example repository is minutes of CPU in the container that nothing here uses.
+    models_command = [*shipped["models"]["command"], "--models", MODEL]
     host = "    network_mode: host\n"
     built = "    build:\n      network: host\n"
     text = (
         "services:\n"
         f"  models:\n{host}{built}"
+        f"    command: {yaml.safe_dump(models_command, default_flow_style=True).strip()}\n"
         f"  batcher:\n{host}"
         f"  worker-cpu:\n{host}"
         f"  redis:\n{host}"
