@@ -24,6 +24,7 @@ from weir.control.desired import DesiredModel, DesiredState, DesiredStore
 from weir.control.resolve import parse_weights, resolve
 from weir.errors import ConfigError
 from weir.redis_server import RedisServer
+from weir.workload import MeshView
 
 CONTROL_DB = 9
 ECHO = """
@@ -289,3 +290,24 @@ async def test_poll_keeps_why_a_broken_model_is_not_served_and_serves_the_rest(
     reason = state.reasons["broken"]
     assert reason.startswith(f"load failed: {tmp_path / 'broken' / 'config.yaml'}: ")
     assert "max_batch_size" in reason
+
+
+async def test_a_model_a_stale_settle_reopened_after_its_unload_is_closed_next_round(
+    redis: Redis, tmp_path: Path
+) -> None:
+    # A control round settles the state it read at its start: one read before an unload
+    # may reopen the model's versions after the unload closed them. With nothing left to
+    # close them, its lanes could not retire (they wait for the model to admit nothing).
+    controller = Controller(redis, tmp_path, 4, settle_s=0)
+    before = DesiredState().with_model(model("kept")).with_model(model("gone"))
+    after = DesiredState().with_model(model("kept"))
+    await controller.settle(before, MeshView())
+    assert await serving(redis, "gone") == {"1"}
+
+    await redis.delete(names.serving_versions("gone"))  # the unload closes it
+    await controller.settle(before, MeshView())  # a round that read the state before it
+    assert await serving(redis, "gone") == {"1"}  # reopened
+
+    await controller.settle(after, MeshView())  # the next round
+    assert await serving(redis, "gone") == set()
+    assert await serving(redis, "kept") == {"1"}

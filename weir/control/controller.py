@@ -51,6 +51,7 @@ class Controller:
         self.settle_s = settle_s  # how long successors are served before a version closes
         self.signatures: dict[str, str] = {}
         self.ready_since: dict[tuple[str, tuple[str, ...]], float] = {}
+        self.settled_models: set[str] = set()  # the models of the state last settled
 
     async def load(
         self,
@@ -199,7 +200,18 @@ class Controller:
         """Open what the desired state serves; close what it replaced, once settled.
 
         A replaced version closes once its successors have been served for ``settle_s``.
+        A model the last settled state had and ``state`` has not is closed again: a round
+        that settled a state read before an unload may have reopened it after the unload
+        closed it, and nothing else would close it (its lanes could not retire until their
+        timeout).
         """
+        gone = self.settled_models - set(state.models)
+        self.settled_models = set(state.models)
+        if gone:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                for name in sorted(gone):  # one key per command: keys of a cluster's slots
+                    pipe.delete(names.serving_versions(name))
+                await pipe.execute()
         models = list(state.models.values())
         if not models:
             return
