@@ -1,7 +1,9 @@
 """The inference fast path: ``POST .../infer`` served straight from ASGI.
 
-Inference is the one route on the hot path, so it skips FastAPI's router, dependency
-injection and middleware stack (about half of the gateway's CPU per request). Everything
+Most infer requests never reach ASGI: the HTTP protocol answers them itself
+(:mod:`gateway.direct_infer`). Those it hands on (an escaped path, ``Expect:
+100-continue``, a request pipelined behind another) skip FastAPI's router, dependency
+injection and middleware stack here. Everything
 else (health, metadata, statistics, OpenAPI) still goes to the FastAPI app, which also
 describes the infer route. Authentication, error shapes and metrics are the same on both.
 """

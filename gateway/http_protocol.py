@@ -15,6 +15,8 @@ never finish a request. This protocol adds, before anything reaches the app (or 
 
 Each request's scope also carries the connection's :class:`~gateway.disconnect.Disconnect`,
 so an inference whose client left is cancelled at once rather than computed for nobody.
+
+A plain ``POST .../infer`` is answered here, without ASGI (:mod:`gateway.direct_infer`).
 """
 
 from __future__ import annotations
@@ -24,10 +26,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import httptools
-from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from gateway.coalesced_writes import CoalescedWrites
+from gateway.direct_infer import InferExchange, exchange_for
 from gateway.disconnect import SCOPE_KEY, Disconnect
+from gateway.state import STATE_KEY, GatewayState
 
 REASONS = {
     408: b"Request Timeout",
@@ -55,6 +59,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with :class:`HttpLimits`; built by :func:`protocol_class`."""
 
     limits: HttpLimits
+    management_port: int  # 0: none; its requests all go to the ASGI app
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -63,12 +68,15 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._header_count = 0
         self._timer: asyncio.TimerHandle | None = None
         self._disconnect = Disconnect()
+        self._state: GatewayState | None = None  # set when inference can be answered here
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         # Every write of the connection, the app's responses and the protocol's own, goes
         # through it: a response's head and body leave in one send.
         self.transport = CoalescedWrites(transport, self.loop)  # type: ignore[assignment]
+        if self.server is None or self.server[1] != self.management_port:
+            self._state = self.app_state.get(STATE_KEY)
         if len(self.connections) > self.limits.max_connections:
             self._refuse(503, "the gateway holds its most connections; retry later")
             return
@@ -76,6 +84,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_timer()
+        if isinstance(self.cycle, InferExchange):
+            self.cycle.disconnected = True
+            self.cycle = None  # type: ignore[assignment]  # uvicorn's own code reads a cycle
         super().connection_lost(exc)
         self._disconnect.fire()
 
@@ -127,16 +138,72 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
-        self.scope[SCOPE_KEY] = self._disconnect  # type: ignore[literal-required]
         self._arm(self.limits.body_idle_timeout_s, self._body_idle)
+        if self._state is not None and self._take_infer(self._state):
+            return
+        self.scope[SCOPE_KEY] = self._disconnect  # type: ignore[literal-required]
         super().on_headers_complete()
+
+    def _take_infer(self, state: GatewayState) -> bool:
+        """Answer the request here when it is a plain infer request (see the module)."""
+        parser = self.parser
+        if parser.get_method() != b"POST" or self.expect_100_continue or parser.should_upgrade():
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False  # pipelined behind a request not yet answered: uvicorn queues it
+        keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
+        exchange = exchange_for(self.url, self.headers, keep_alive)
+        if exchange is None:
+            return False
+        self.cycle = exchange  # type: ignore[assignment]
+        if not exchange.start(state.settings.body_limit_bytes):
+            self._answer(exchange, state)  # refused by its head: answered before its body
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        exchange = self.cycle
+        if not isinstance(exchange, InferExchange):
+            super().on_body(body)
+        elif self._state is not None and not exchange.feed(body, self._state):
+            self._answer(exchange, self._state)  # refused: answered before the rest arrives
 
     def on_message_complete(self) -> None:
         self._cancel_timer()
         self._in_head = True
         self._head_bytes = 0
         self._header_count = 0
-        super().on_message_complete()
+        exchange = self.cycle
+        if not isinstance(exchange, InferExchange):
+            super().on_message_complete()
+        elif self._state is not None:
+            self._answer(exchange, self._state)
+
+    def _answer(self, exchange: InferExchange, state: GatewayState) -> None:
+        if exchange.answering:
+            return
+        exchange.answering = True
+        task = self.loop.create_task(self._respond(exchange, state))
+        task.add_done_callback(self.tasks.discard)
+        self.tasks.add(task)  # the server waits for them when it shuts down
+
+    async def _respond(self, exchange: InferExchange, state: GatewayState) -> None:
+        status, lines = await exchange.run(state, self._disconnect)
+        if self.flow.write_paused and not exchange.disconnected:
+            await self.flow.drain()
+        if exchange.disconnected or self.transport.is_closing():
+            return
+        head = [STATUS_LINE[status]]
+        head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
+        head.extend(lines[:-1])
+        if not exchange.keep_alive:
+            head.append(b"connection: close\r\n")
+        head.append(b"\r\n")
+        head.append(lines[-1])
+        self.transport.write(b"".join(head))
+        exchange.response_complete = True
+        if not exchange.keep_alive:
+            self.transport.close()
+        self.on_response_complete()
 
     def _arm(self, delay_s: float, handler: Any) -> None:
         self._cancel_timer()
@@ -173,6 +240,10 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self.transport.close()
 
 
-def protocol_class(limits: HttpLimits) -> type[LimitedHttpProtocol]:
-    """A protocol class for uvicorn's ``http=`` option, holding ``limits``."""
-    return type("GatewayHttpProtocol", (LimitedHttpProtocol,), {"limits": limits})
+def protocol_class(limits: HttpLimits, management_port: int = 0) -> type[LimitedHttpProtocol]:
+    """A protocol class for uvicorn's ``http=`` option, holding ``limits``.
+
+    Requests on ``management_port`` (TorchServe's, when served) all go to the ASGI app.
+    """
+    attributes = {"limits": limits, "management_port": management_port}
+    return type("GatewayHttpProtocol", (LimitedHttpProtocol,), attributes)

@@ -17,7 +17,7 @@ from starlette.responses import Response
 from gateway import classification, codec, compression, json_bounds, offload, shared_memory
 from gateway.codec import InferBody
 from gateway.compression import BoundedDecoder, Coding
-from gateway.disconnect import follow
+from gateway.disconnect import SCOPE_KEY, Disconnect
 from gateway.raw_binary import parse_raw_body
 from gateway.state import GatewayState
 from gateway.validation import check_request, precheck_input
@@ -28,6 +28,7 @@ from weir.wire import InferReply
 
 HEADER_LENGTH = "inference-header-content-length"
 JSON = "application/json"
+OCTET_STREAM = "application/octet-stream"
 # Responses smaller than this compress on the event loop; larger ones in a thread.
 COMPRESS_INLINE_BYTES = 256 * 1024
 
@@ -39,17 +40,45 @@ async def run_infer(
     entry, version = state.repository.resolve(model, version)
     try:
         raw = await read_body(request, state.settings.body_limit_bytes)
-        body = await _parse_body(state, entry, raw, _header_length(request))
-        reply = await follow(request.scope, execute(state, entry, version, body))
+    except WeirError as exc:
+        state.metrics.failed(entry.name, version, exc.kind)
+        raise
+    headers = request.headers
+    content, header_length = await infer_body(
+        state, entry, version, raw, headers.get(HEADER_LENGTH), request.scope.get(SCOPE_KEY)
+    )
+    content, extra, media_type = await encode_response(
+        content, header_length, headers.get("accept-encoding")
+    )
+    return Response(content, media_type=media_type, headers=extra)
+
+
+async def infer_body(
+    state: GatewayState,
+    entry: ModelEntry,
+    version: str,
+    raw: bytes,
+    header_length: str | None,
+    disconnect: Disconnect | None,
+) -> tuple[bytes, int | None]:
+    """One inference from its read (decoded) body to its rendered response body.
+
+    ``header_length`` is the ``Inference-Header-Content-Length`` header's value; the answer
+    is abandoned (Canceled) when ``disconnect`` fires. The outcome is counted in the
+    metrics; WeirError for any failure.
+    """
+    try:
+        body = await _parse_body(state, entry, raw, _header_length(header_length))
+        running = execute(state, entry, version, body)
+        reply = await (running if disconnect is None else disconnect.follow(running))
         shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
     except WeirError as exc:
         state.metrics.failed(entry.name, version, exc.kind)
         raise
     state.metrics.answered(entry.name, version, reply)
-    content, header_length = codec.render_infer_response(
+    return codec.render_infer_response(
         entry.name, version, body.id, _outputs(body, reply.outputs), shared
     )
-    return await _response(request, content, header_length)
 
 
 async def execute(
@@ -88,8 +117,7 @@ def _outputs(body: InferBody, outputs: dict[str, Tensor]) -> list[tuple[str, Ten
     ]
 
 
-def _header_length(request: Request) -> int | None:
-    raw = request.headers.get(HEADER_LENGTH)
+def _header_length(raw: str | None) -> int | None:
     if raw is None:
         return None
     if not (raw.isascii() and raw.isdigit()) or len(raw) > 20:
@@ -123,7 +151,7 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     coding = compression.request_coding(request.headers.get("content-encoding"))
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit_bytes:
-        raise _too_large(int(declared), limit_bytes)
+        raise too_large(int(declared), limit_bytes)
     decoder = None if coding == Coding.IDENTITY else BoundedDecoder(coding, limit_bytes)
     chunks: list[bytes] = []
     received = 0
@@ -131,7 +159,7 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
         async for chunk in request.stream():
             received += len(chunk)
             if received > limit_bytes:
-                raise _too_large(received, limit_bytes)
+                raise too_large(received, limit_bytes)
             chunks.extend([chunk] if decoder is None else decoder.feed(chunk))
     except ClientDisconnect:
         raise Canceled("the client closed the connection before its body was read") from None
@@ -140,17 +168,21 @@ async def read_body(request: Request, limit_bytes: int) -> bytes:
     return b"".join(chunks)
 
 
-async def _response(request: Request, content: bytes, header_length: int | None) -> Response:
-    """The infer response, compressed as the request's ``Accept-Encoding`` prefers."""
+async def encode_response(
+    content: bytes, header_length: int | None, accept_encoding: str | None
+) -> tuple[bytes, dict[str, str], str]:
+    """The infer response's body, its extra headers and its media type.
+
+    The body is compressed as ``accept_encoding`` (the request's header) prefers.
+    """
     headers: dict[str, str] = {}
     if header_length is not None:
         headers["Inference-Header-Content-Length"] = str(header_length)
-    coding = compression.response_coding(request.headers.get("accept-encoding"))
+    coding = compression.response_coding(accept_encoding)
     if coding != Coding.IDENTITY:
         content = await _compress(content, coding)
         headers["Content-Encoding"] = coding.value
-    media_type = JSON if header_length is None else "application/octet-stream"
-    return Response(content, media_type=media_type, headers=headers)
+    return content, headers, JSON if header_length is None else OCTET_STREAM
 
 
 async def _compress(content: bytes, coding: Coding) -> bytes:
@@ -160,5 +192,5 @@ async def _compress(content: bytes, coding: Coding) -> bytes:
     return await asyncio.to_thread(compression.compress, content, coding)
 
 
-def _too_large(size: int, limit_bytes: int) -> BodyTooLarge:
+def too_large(size: int, limit_bytes: int) -> BodyTooLarge:
     return BodyTooLarge(f"request body of {size} bytes or more exceeds the limit of {limit_bytes}")

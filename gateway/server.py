@@ -121,7 +121,7 @@ def _config(settings: GatewaySettings, app: ASGIApp) -> uvicorn.Config:
         host=settings.host,
         port=settings.http_port,
         loop="auto",
-        http=protocol_class(http_limits(settings)),
+        http=protocol_class(http_limits(settings), management_port(settings)),
         log_level=settings.log_level.lower(),
         access_log=False,
         # Nothing in the gateway reads the client's address, so X-Forwarded-* need not be
