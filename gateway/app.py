@@ -71,7 +71,9 @@ def create_app(
         reply_streams = ReplyStreams(redis, mesh.gateway_id, settings.heartbeat_ttl_s)
         await reply_streams.start()
         registry = CollectorRegistry()
-        metrics = RequestMetrics(registry)
+        # Kept as plain numbers when this process's registry is the one scraped; a
+        # process of a multi-process gateway writes prometheus-client's shared files.
+        metrics = RequestMetrics(registry, collected=serve_metrics)
         exporter = None
         if serve_metrics and settings.metrics_port:
             follow = settings.model_control_mode is not ControlMode.NONE
