@@ -73,12 +73,18 @@ def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
 
 def datatype_of(array: np.ndarray) -> str:
     """The protocol datatype of a numpy array (object and string arrays are BYTES)."""
+    name = _BY_DTYPE.get(array.dtype)  # a worker asks for every output of every request
+    if name is not None:
+        return name
     if array.dtype.kind in "OSU":
         return BYTES
     for name, dtype in NUMPY_DTYPES.items():
         if array.dtype.newbyteorder("<") == dtype:
             return name
     raise InvalidInput(f"numpy dtype {array.dtype} has no KServe datatype")
+
+
+_BY_DTYPE: dict[np.dtype[np.generic], str] = {d: name for name, d in NUMPY_DTYPES.items()}
 
 
 def serialize_bytes(elements: list[bytes]) -> bytes:

@@ -140,8 +140,7 @@ class BatchRunner:
         with running(members, self.is_canceled):
             outputs = self.backend.infer(inputs)
         inferred = now_ns()
-        per_member = self._split(outputs, sizes)
-        replies = [self._reply(r, out) for r, out in zip(members, per_member, strict=True)]
+        replies = self._replies(members, outputs, sizes)
         done = now_ns()
         stamps: dict[str, int] = {
             Stamp.COMPUTE_START: started,
@@ -165,11 +164,24 @@ class BatchRunner:
         # concatenate copies, so the backend gets a writable array it may hand to torch.
         return np.concatenate(arrays, axis=0)
 
-    def _split(
-        self, outputs: dict[str, np.ndarray], sizes: list[int]
-    ) -> list[dict[str, np.ndarray]]:
+    def _replies(
+        self, members: list[InferRequest], outputs: dict[str, np.ndarray], sizes: list[int]
+    ) -> list[InferReply]:
+        """Each member's reply: its rows of each output it asked for (all, when none)."""
+        self._check_rows(outputs, sizes)
+        every = [spec.name for spec in self.config.output]
+        wanted = [r.outputs or every for r in members]
+        parts = {name: self._parts(name, outputs[name], sizes) for name in dict.fromkeys(
+            name for names in wanted for name in names
+        )}  # fmt: skip
+        return [
+            InferReply(r.id, r.model, r.version, {n: parts[n][i] for n in names}, ts=dict(r.ts))
+            for i, (r, names) in enumerate(zip(members, wanted, strict=True))
+        ]
+
+    def _check_rows(self, outputs: dict[str, np.ndarray], sizes: list[int]) -> None:
         if not self.batches:
-            return [outputs]
+            return
         total = sum(sizes)
         for name, array in outputs.items():
             if array.ndim == 0 or array.shape[0] != total:
@@ -177,16 +189,12 @@ class BatchRunner:
                     f"model '{self.config.name}' returned {name} with shape {list(array.shape)} "
                     f"for a batch of {total}: one output row per input row is required"
                 )
-        bounds = np.cumsum(sizes)[:-1]
-        split = {name: np.split(array, bounds) for name, array in outputs.items()}
-        return [{name: parts[i] for name, parts in split.items()} for i in range(len(sizes))]
 
-    def _reply(self, request: InferRequest, outputs: dict[str, np.ndarray]) -> InferReply:
-        wanted = request.outputs or [spec.name for spec in self.config.output]
-        tensors = {name: self._tensor(name, outputs[name]) for name in wanted}
-        return InferReply(request.id, request.model, request.version, tensors, ts=dict(request.ts))
+    def _parts(self, name: str, array: np.ndarray, sizes: list[int]) -> list[Tensor]:
+        """One output as a tensor per member, its datatype checked once for the batch.
 
-    def _tensor(self, name: str, array: np.ndarray) -> Tensor:
+        Its bytes are made once and sliced by rows.
+        """
         spec = self.config.output_spec(name)
         if spec is None:
             raise ServerError(f"model '{self.config.name}' has no output {name}")
@@ -196,7 +204,20 @@ class BatchRunner:
                 f"model '{self.config.name}' returned {name} as {actual}, "
                 f"config says {spec.datatype}"
             )
-        return Tensor.from_numpy(array, spec.datatype)
+        if not self.batches:
+            return [Tensor.from_numpy(array, spec.datatype)]
+        if spec.datatype == datatypes.BYTES:  # elements of their own lengths: row by row
+            bounds = np.cumsum(sizes)[:-1]
+            return [Tensor.from_numpy(part, spec.datatype) for part in np.split(array, bounds)]
+        data = np.ascontiguousarray(array, dtype=datatypes.numpy_dtype(spec.datatype)).tobytes()
+        inner = tuple(int(d) for d in array.shape[1:])
+        row_bytes = len(data) // array.shape[0] if array.shape[0] else 0
+        parts, offset = [], 0
+        for rows in sizes:
+            end = offset + rows * row_bytes
+            parts.append(Tensor(spec.datatype, (rows, *inner), data[offset:end]))
+            offset = end
+        return parts
 
 
 def short_message(exc: Exception) -> str:

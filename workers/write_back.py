@@ -248,7 +248,10 @@ def _add_request(
 
 
 def _add_phases(totals: dict[str, int], ts: Mapping[str, int]) -> None:
-    for phase in REQUEST_PHASES:
-        if phase.start in ts and phase.end in ts:
-            key = phase_field(phase)
-            totals[key] = totals.get(key, 0) + max(ts[phase.end] - ts[phase.start], 0)
+    for start, end, key in _PHASE_FIELDS:
+        if start in ts and end in ts:
+            totals[key] = totals.get(key, 0) + max(ts[end] - ts[start], 0)
+
+
+# Each request phase's stamps and statistics field, worked out once.
+_PHASE_FIELDS = [(phase.start, phase.end, phase_field(phase)) for phase in REQUEST_PHASES]
