@@ -57,6 +57,8 @@ class InferBody:
     outputs: list[RequestedOutput] = field(default_factory=list)
     parameters: dict[str, Any] = field(default_factory=dict)
     id: str | None = None
+    # Every input's name, datatype and shape were checked against the model while parsing.
+    prechecked: bool = False
 
     @property
     def binary_output_default(self) -> bool:
@@ -107,6 +109,7 @@ def parse_infer_body(
         outputs=[_parse_output(raw, shm) for raw in _list_of_objects(header, "outputs")],
         parameters=_parameters(header, "request"),
         id=_optional_id(header),
+        prechecked=precheck is not None,
     )
 
 

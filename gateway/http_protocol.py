@@ -136,11 +136,22 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             raise _TooManyHeaders
         super().on_header(name, value)
 
+    def on_message_begin(self) -> None:
+        # uvicorn builds the request's ASGI scope here; it is built in on_headers_complete
+        # instead, and only for a request the ASGI app serves: those answered here need none.
+        self.url = b""
+        self.expect_100_continue = False
+        self.headers = []
+
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._arm(self.limits.body_idle_timeout_s, self._body_idle)
         if self._state is not None and self._take_infer(self._state):
             return
+        url, headers, expect_100_continue = self.url, self.headers, self.expect_100_continue
+        super().on_message_begin()  # the scope, as uvicorn makes it
+        self.url, self.expect_100_continue = url, expect_100_continue
+        self.headers = self.scope["headers"] = headers
         self.scope[SCOPE_KEY] = self._disconnect  # type: ignore[literal-required]
         super().on_headers_complete()
 

@@ -17,11 +17,15 @@ from weir.tensors import Tensor
 def check_request(config: ModelConfig, body: InferBody) -> int:
     """Validate ``body`` for ``config``; returns the request's batch size (1 if unbatched)."""
     _check_names(config, body)
-    batch_sizes = {
-        _check_tensor(config, spec, body.inputs[spec.name])
-        for spec in config.input
-        if spec.name in body.inputs
-    }
+    if body.prechecked:  # each tensor passed _check_tensor as it was parsed
+        batched = config.max_batch_size > 0
+        batch_sizes = {t.shape[0] if batched else 1 for t in body.inputs.values()}
+    else:
+        batch_sizes = {
+            _check_tensor(config, spec, body.inputs[spec.name])
+            for spec in config.input
+            if spec.name in body.inputs
+        }
     if len(batch_sizes) > 1:
         sizes = ", ".join(str(s) for s in sorted(batch_sizes))
         raise InvalidInput(f"inputs of model '{config.name}' disagree on the batch size ({sizes})")
