@@ -22,6 +22,7 @@ A plain ``POST .../infer`` is answered here, without ASGI (:mod:`gateway.direct_
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -66,7 +67,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._header_count = 0
-        self._timer: asyncio.TimerHandle | None = None
+        # The one deadline the connection has now (head, or body idle): read by _sweep.
+        self._deadline_s = 0.0
+        self._on_deadline: Callable[[], None] | None = None
         self._disconnect = Disconnect()
         self._state: GatewayState | None = None  # set when inference can be answered here
 
@@ -101,7 +104,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._arm(self.limits.body_idle_timeout_s, self._body_idle)
             self._feed(data)
             return
-        if self._timer is None:  # the first byte of a request after the last one
+        if self._on_deadline is None:  # the first byte of a request after the last one
             self._arm(self.limits.header_timeout_s, self._head_late)
         room = self.limits.max_header_bytes - self._head_bytes
         head, rest = data[:room], data[room:]
@@ -216,14 +219,14 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
         self.on_response_complete()
 
-    def _arm(self, delay_s: float, handler: Any) -> None:
-        self._cancel_timer()
-        self._timer = self.loop.call_later(delay_s, handler)
+    def _arm(self, delay_s: float, handler: Callable[[], None]) -> None:
+        # A deadline, not a timer: a request would otherwise make and cancel two timers.
+        self._deadline_s = self.loop.time() + delay_s
+        self._on_deadline = handler
+        _sweeping(self.loop, self.connections, self.limits)
 
     def _cancel_timer(self) -> None:
-        if self._timer is not None:
-            self._timer.cancel()
-            self._timer = None
+        self._on_deadline = None
 
     def _head_late(self) -> None:
         if self._in_head:
@@ -249,6 +252,37 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             head.append(b"retry-after: 1\r\n")
         self.transport.write(b"".join([*head, b"\r\n", body]))
         self.transport.close()
+
+
+# The sweep of each server's connections (by loop and connection set), while it has any.
+_SWEEPS: dict[tuple[asyncio.AbstractEventLoop, int], asyncio.TimerHandle] = {}
+
+
+def _sweeping(loop: asyncio.AbstractEventLoop, connections: set[Any], limits: HttpLimits) -> None:
+    """Make sure ``loop`` sweeps ``connections`` for deadlines passed.
+
+    One timer per server checks every connection a few times per shortest timeout, so a
+    deadline fires at most that much late; it stops once no connection is left.
+    """
+    if (loop, id(connections)) not in _SWEEPS:
+        tick_s = min(max(min(limits.header_timeout_s, limits.body_idle_timeout_s) / 8, 0.02), 0.5)
+        _SWEEPS[(loop, id(connections))] = loop.call_later(
+            tick_s, _sweep, loop, connections, tick_s
+        )
+
+
+def _sweep(loop: asyncio.AbstractEventLoop, connections: set[Any], tick_s: float) -> None:
+    now_s = loop.time()
+    for connection in list(connections):
+        handler = getattr(connection, "_on_deadline", None)  # a websocket has none
+        if handler is not None and now_s >= connection._deadline_s:
+            connection._on_deadline = None
+            handler()
+    key = (loop, id(connections))
+    if connections:
+        _SWEEPS[key] = loop.call_later(tick_s, _sweep, loop, connections, tick_s)
+    else:
+        del _SWEEPS[key]
 
 
 def protocol_class(limits: HttpLimits, management_port: int = 0) -> type[LimitedHttpProtocol]:
