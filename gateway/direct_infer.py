@@ -161,7 +161,7 @@ def exchange_for(
     keep_alive: bool,
 ) -> InferExchange | None:
     """An exchange for an infer request the protocol can answer itself, else None."""
-    match = INFER_TARGET.fullmatch(url)
+    match = INFER_TARGET.fullmatch(url) if url.isascii() else None
     if match is None:
         return None
     headers = {name: value.decode("latin-1") for name, value in raw_headers if name in _WANTED}
