@@ -8,17 +8,22 @@ from types import TracebackType
 
 import psutil
 
+from bench.cpu import role
 from bench.servers import process_tree
 
 MIB = 1024 * 1024
 
 
 def label(process: psutil.Process) -> str:
-    """A short name: ``weir`` and its subcommand (and pool) for Weir's, else the program's."""
+    """A short name: ``weir`` and its subcommand (and pool) for Weir's, else its role.
+
+    The role is :func:`bench.cpu.role`'s: TorchServe's ``frontend``, ``worker`` and
+    ``launcher``, the ``baseline``, else the program's name.
+    """
     try:
         command = process.cmdline()
         if "weir.cli" not in command:
-            return str(process.name())
+            return role(command, process.name())
         words = ["weir", command[command.index("weir.cli") + 1]]
         if "--pool" in command[:-1]:
             words.append(command[command.index("--pool") + 1])

@@ -1,11 +1,12 @@
-"""The report's tables against TorchServe, and of CPU per request by process."""
+"""The report's tables against TorchServe, of CPU per request by process, and the goals
+against TorchServe."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
 
-from bench.analysis import TORCH, TORCHSERVE, WEIR, Point, peak, select
+from bench.analysis import TORCH, TORCHSERVE, WEIR, Point, Target, peak, select
 
 
 def _row(cells: list[Any]) -> str:
@@ -107,3 +108,60 @@ def cpu_table(points: list[Point]) -> list[str]:
     order = sorted(measured, key=lambda p: (models.index(p.model), p.concurrency, p.server))
     rows = [_cpu_row(p) for p in order]
     return _table(header, rows)
+
+
+# The goals against TorchServe (plain configs, one run): Weir's req/s over TorchServe's at a
+# concurrency; Weir's CPU per request (µs), in all and in the gateway; Weir's p50 at
+# concurrency 1 over TorchServe's; every Weir process's peak memory over TorchServe's tree.
+RATE_GOALS = [("tiny_mlp", 64, 1.5), ("wide_mlp", 64, 2.5), ("bert_mini", 8, 1.3)]
+RATE_GOALS.append(("bert_mini", 64, 1.3))
+CPU_GOALS = [("tiny_mlp", 64, "", 200.0), ("tiny_mlp", 64, "gateway", 100.0)]
+P50_AT_ONE_GOAL = 0.25
+MEMORY_GOAL = 0.8
+
+
+def _at(points: list[Point], server: str, model: str, concurrency: int) -> Point | None:
+    found = [p for p in select(points, server, model, TORCH) if p.concurrency == concurrency]
+    return found[0] if found else None
+
+
+def _pairs(points: list[Point], model: str, concurrency: int) -> tuple[Point, Point] | None:
+    weir, peer = _at(points, WEIR, model, concurrency), _at(points, TORCHSERVE, model, concurrency)
+    return (weir, peer) if weir is not None and peer is not None else None
+
+
+def peer_targets(points: list[Point], memory: dict[str, Any]) -> list[Target]:
+    """The goals against TorchServe that this run measured (torch, both servers)."""
+    found: list[Target] = []
+    for model, concurrency, goal in RATE_GOALS:
+        pair = _pairs(points, model, concurrency)
+        if pair and pair[1].req_per_s:
+            name = f"Weir / TorchServe req/s at concurrency {concurrency}"
+            found.append(Target(model, name, pair[0].req_per_s / pair[1].req_per_s, goal, True))
+    for model, concurrency, part, goal in CPU_GOALS:
+        weir = _at(points, WEIR, model, concurrency)
+        if weir is None or not weir.cpu_us_per_request:
+            continue
+        measured = weir.cpu_us_per_request.get(part, 0.0) if part else weir.cpu_us_total
+        name = f"Weir {part or 'all processes'} CPU µs/req at concurrency {concurrency}"
+        found.append(Target(model, name, measured, goal, False))
+    models = dict.fromkeys(p.model for p in points if p.runtime == TORCH)
+    for model in models:
+        pair = _pairs(points, model, 1)
+        if pair and pair[1].p50_ms:
+            name = "Weir p50 / TorchServe p50 at concurrency 1"
+            found.append(
+                Target(model, name, pair[0].p50_ms / pair[1].p50_ms, P50_AT_ONE_GOAL, False)
+            )
+    ratio = memory_ratio(memory)
+    if ratio is not None:
+        found.append(Target("all", "Weir RSS / TorchServe RSS", ratio, MEMORY_GOAL, False))
+    return found
+
+
+def memory_ratio(memory: dict[str, Any]) -> float | None:
+    """Weir's peak memory over TorchServe's, when both served the same (torch) models."""
+    peer = memory.get("peers", {}).get(TORCHSERVE)
+    if peer is None or memory.get("runtimes") != [TORCH] or not peer["peak_total_mib"]:
+        return None
+    return float(memory["peak_total_mib"] / peer["peak_total_mib"])

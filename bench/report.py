@@ -20,7 +20,7 @@ from bench.analysis import (
     runtimes_served,
     select,
 )
-from bench.peer_report import cpu_table, peer_table
+from bench.peer_report import cpu_table, memory_ratio, peer_table
 from bench.redis_cost import redis_table
 from bench.variants import served_name
 
@@ -149,15 +149,27 @@ def target_table(found: list[Target]) -> list[str]:
     return _table(header, [_target_row(t) for t in found])
 
 
+def _parts(processes: list[dict[str, Any]]) -> str:
+    return ", ".join(f"{p['label']} {p['rss_mib']:.0f}" for p in processes)
+
+
 def memory_lines(memory: dict[str, Any]) -> list[str]:
-    parts = ", ".join(f"{p['label']} {p['rss_mib']:.0f}" for p in memory["processes"])
     runtimes = ", ".join(memory.get("runtimes", [TORCH]))
-    return [
+    lines = [
         f"Weir's processes at their peak, serving through {runtimes}: "
-        f"{memory['peak_total_mib']:.0f} MiB resident in all ({parts}); less "
-        f"{memory['weights_mib']:.0f} MiB of model files: "
+        f"{memory['peak_total_mib']:.0f} MiB resident in all ({_parts(memory['processes'])}); "
+        f"less {memory['weights_mib']:.0f} MiB of model files: "
         f"**{memory['peak_minus_weights_mib']:.0f} MiB**.",
     ]
+    for name, peer in memory.get("peers", {}).items():
+        total, parts = peer["peak_total_mib"], _parts(peer["processes"])
+        lines += ["", f"{name}'s processes at their peak: {total:.0f} MiB in all ({parts})."]
+    ratio = memory_ratio(memory)
+    if ratio is not None:
+        lines[-1] += f" Weir / TorchServe: **{ratio:.2f}**."
+    elif TORCHSERVE in memory.get("peers", {}):
+        lines[-1] += " Weir served other runtimes too: the totals do not compare."
+    return lines
 
 
 def _heading(record: dict[str, Any]) -> str:

@@ -5,9 +5,10 @@ them): the raw limit (the runtime alone, in a subprocess) at batch sizes 1 to 64
 each concurrency, a closed-loop wrk run against each peer (``--peers``: the naive FastAPI
 baseline and TorchServe, torch only) and against Weir (``weir up``) through each runtime,
 with the same body, each after a warm-up run. Weir's mean batch size per point comes from
-its statistics endpoint; every server's CPU per request, by process, from ``/proc``; Weir's
-memory from the ``weir up`` process tree. Writes ``<out>/<timestamp>.json``, ``<out>/latest.md`` and
-``<out>/latest.png`` and prints the tables.
+its statistics endpoint; every server's CPU per request, by process, from ``/proc``; every
+server's peak memory from its process tree (``weir up``'s for Weir). Writes
+``<out>/<timestamp>.json``, ``<out>/latest.md`` and ``<out>/latest.png`` and prints the
+tables.
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.analysis import BASELINE, TORCHSERVE, Point, fastest, targets
+from bench.analysis import BASELINE, TORCHSERVE, WEIR, Point, fastest, targets
 from bench.machine import load_average, machine_info, timestamp
 from bench.memory import MIB, PeakRss
+from bench.peer_report import peer_targets
 from bench.peers import DEFAULT_PEERS, PeerFactory, parse_peers, prepare_peers
 from bench.points import Contender, PointRunner, Schedule, Workload
 from bench.servers import ROOT, ServerProcess, weir_server
@@ -168,7 +170,7 @@ def make_servers(
 
 def serve_and_measure(
     args: argparse.Namespace, peers: PeerFactory, threads: tuple[int, int], work: Path
-) -> tuple[list[Point], PeakRss]:
+) -> tuple[list[Point], dict[str, PeakRss]]:
     """Every point; ``threads``: a Weir worker's torch threads setting, and their number."""
     models = args.models.split(",")
     variants = plan(models, args.runtimes)
@@ -182,18 +184,31 @@ def serve_and_measure(
         for server in servers.all:
             server.wait_ready()
         runner = PointRunner(servers.all, schedule(args))
-        with PeakRss(servers.weir.pid) as rss:
-            points = runner.run(workloads(models, variants, bodies, servers))
+        # Every server's tree is sampled for the whole run (its peak is under its own load)
+        # and for the last time before the servers stop (the stack unwinds in reverse).
+        rss = {s.name: stack.enter_context(PeakRss(s.pid)) for s in servers.all}
+        points = runner.run(workloads(models, variants, bodies, servers))
     return points, rss
 
 
-def memory_record(rss: PeakRss, repository: Path, runtimes: list[Runtime]) -> dict[str, Any]:
+def memory_record(
+    rss: dict[str, PeakRss], repository: Path, runtimes: list[Runtime]
+) -> dict[str, Any]:
+    """Weir's peak resident memory, less the model files; each peer's peak beside it."""
     weights = weights_bytes(repository)
+    weir = rss[WEIR]
     return {
         "runtimes": [str(r) for r in runtimes],
-        "peak_total_mib": rss.peak_bytes / MIB,
+        **_peak_record(weir),
         "weights_mib": weights / MIB,
-        "peak_minus_weights_mib": (rss.peak_bytes - weights) / MIB,
+        "peak_minus_weights_mib": (weir.peak_bytes - weights) / MIB,
+        "peers": {name: _peak_record(peak) for name, peak in rss.items() if name != WEIR},
+    }
+
+
+def _peak_record(rss: PeakRss) -> dict[str, Any]:
+    return {
+        "peak_total_mib": rss.peak_bytes / MIB,
         "processes": [{"label": n, "rss_mib": b / MIB} for n, b in rss.at_peak],
     }
 
@@ -258,7 +273,9 @@ def main(argv: list[str] | None = None) -> None:
 
 def write_outputs(out: Path, record: dict[str, Any]) -> None:
     points = [Point(**p) for p in record["points"]]
-    found = targets(points, record["raw"]["models"], record["memory"]["peak_minus_weights_mib"])
+    memory = record["memory"]
+    found = targets(points, record["raw"]["models"], memory["peak_minus_weights_mib"])
+    found += peer_targets(points, memory)
     record["targets"] = [t.as_dict() for t in found]
     out.mkdir(parents=True, exist_ok=True)
     report.write_json(out / f"{record['date'].replace(':', '')}.json", record)

@@ -2,13 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
+from typing import Any
 
 import pytest
 
 from bench.analysis import Point
 from bench.cpu import ProcessCpu, per_request_us, role, tree_cpu
-from bench.peer_report import by_process, cpu_table, peer_summary, peer_table
+from bench.peer_report import (
+    by_process,
+    cpu_table,
+    memory_ratio,
+    peer_summary,
+    peer_table,
+    peer_targets,
+)
+from bench.report import memory_lines
 
 PY = "/work/.venv/bin/python3"
 TS = "/work/bench/results/torchserve-venv"
@@ -112,3 +122,57 @@ def test_the_cpu_table_lists_each_server_with_its_processes_largest_first() -> N
         ["64", "weir"],
     ]
     assert rows[3].endswith("| 197 | gateway 125, worker 47, redis 25 |")
+
+
+def _memory(weir_mib: float, runtimes: list[str], torchserve_mib: float | None) -> dict[str, Any]:
+    memory: dict[str, Any] = {
+        "runtimes": runtimes,
+        "peak_total_mib": weir_mib,
+        "weights_mib": 10.0,
+        "peak_minus_weights_mib": weir_mib - 10.0,
+        "processes": [{"label": "weir gateway", "rss_mib": weir_mib}],
+        "peers": {},
+    }
+    if torchserve_mib is not None:
+        processes = [{"label": "frontend", "rss_mib": torchserve_mib}]
+        memory["peers"]["torchserve"] = {"peak_total_mib": torchserve_mib, "processes": processes}
+    return memory
+
+
+def test_the_goals_against_torchserve_are_read_from_the_points_and_the_memory() -> None:
+    slow_at_one = dataclasses.replace(POINTS[0], p50_ms=0.2)  # TorchServe's p50 is 1.0
+    points = [slow_at_one, *POINTS[1:]]
+    found = {t.name: t for t in peer_targets(points, _memory(600.0, ["torch"], 1000.0))}
+    assert found["Weir / TorchServe req/s at concurrency 64"].measured == pytest.approx(1.5)
+    assert found["Weir / TorchServe req/s at concurrency 64"].met
+    assert found["Weir all processes CPU µs/req at concurrency 64"].measured == 197.0
+    assert found["Weir all processes CPU µs/req at concurrency 64"].met
+    assert found["Weir gateway CPU µs/req at concurrency 64"].measured == 125.0
+    assert not found["Weir gateway CPU µs/req at concurrency 64"].met
+    assert found["Weir p50 / TorchServe p50 at concurrency 1"].measured == pytest.approx(0.2)
+    assert found["Weir p50 / TorchServe p50 at concurrency 1"].met
+    assert found["Weir RSS / TorchServe RSS"].measured == pytest.approx(0.6)
+    assert found["Weir RSS / TorchServe RSS"].met
+    assert len(found) == 5  # wide_mlp and bert_mini were not measured
+
+
+def test_memory_compares_with_torchserve_only_when_both_served_torch_alone() -> None:
+    assert memory_ratio(_memory(900.0, ["torch"], 1000.0)) == pytest.approx(0.9)
+    assert memory_ratio(_memory(900.0, ["torch", "onnxruntime"], 1000.0)) is None
+    assert memory_ratio(_memory(900.0, ["torch"], None)) is None
+    found = peer_targets([p for p in POINTS if p.server == "weir"], _memory(900.0, ["torch"], None))
+    assert [t.name for t in found] == [
+        "Weir all processes CPU µs/req at concurrency 64",
+        "Weir gateway CPU µs/req at concurrency 64",
+    ]
+
+
+def test_the_memory_lines_set_torchserve_beside_weir() -> None:
+    lines = memory_lines(_memory(900.0, ["torch"], 1000.0))
+    assert lines[-1] == (
+        "torchserve's processes at their peak: 1000 MiB in all (frontend 1000). "
+        "Weir / TorchServe: **0.90**."
+    )
+    mixed = memory_lines(_memory(900.0, ["torch", "openvino"], 1000.0))
+    assert mixed[-1].endswith("Weir served other runtimes too: the totals do not compare.")
+    assert len(memory_lines(_memory(900.0, ["torch"], None))) == 1
