@@ -26,6 +26,7 @@ import orjson
 
 from gateway import json_bounds, json_text
 from gateway.json_bounds import JsonBudget
+from gateway.json_data import tensor_from_json
 from gateway.shared_memory import SharedMemoryRegistry, TensorRef, input_tensor
 from weir import datatypes
 from weir.errors import InvalidInput
@@ -97,9 +98,11 @@ def parse_infer_body(
         raise InvalidInput("request has no inputs")
     reader = _BinaryReader(binary)
     shm = _NO_SHARED_MEMORY if shm is None else shm
+    # No ``true`` or ``false`` in the text: no element of any input's data is a bool.
+    bool_free = b"true" not in json_part and b"false" not in json_part
     inputs: dict[str, Tensor] = {}
     for raw in raw_inputs:
-        name, tensor = _parse_input(raw, reader, precheck, shm, model)
+        name, tensor = _parse_input(raw, reader, precheck, shm, model, bool_free)
         if name in inputs:
             raise InvalidInput(f"input '{name}' appears more than once")
         inputs[name] = tensor
@@ -207,6 +210,7 @@ def _parse_input(
     precheck: Precheck | None,
     shm: SharedMemoryRegistry,
     model: str,
+    bool_free: bool,
 ) -> tuple[str, Tensor]:
     name = raw.get("name")
     if not isinstance(name, str) or not name:
@@ -217,7 +221,7 @@ def _parse_input(
     shape = _shape(name, raw.get("shape"))
     if precheck is not None:
         precheck(name, datatype, shape)
-    tensor = _input_tensor(raw, name, datatype, shape, reader, shm)
+    tensor = _input_tensor(raw, name, datatype, shape, reader, shm, bool_free)
     tensor.check_size(name, model)
     return name, tensor
 
@@ -229,6 +233,7 @@ def _input_tensor(
     shape: tuple[int, ...],
     reader: _BinaryReader,
     shm: SharedMemoryRegistry,
+    bool_free: bool,
 ) -> Tensor:
     parameters = _parameters(raw, f"input '{name}'")
     size = parameters.get("binary_data_size")
@@ -240,7 +245,7 @@ def _input_tensor(
             raise InvalidInput(f"input '{name}': binary_data_size must be a non-negative integer")
         return Tensor(datatype, shape, reader.take(name, size))
     if "data" in raw:
-        return tensor_from_json(name, datatype, shape, raw["data"])
+        return tensor_from_json(name, datatype, shape, raw["data"], bool_free)
     raise InvalidInput(f"input '{name}' has neither 'data' nor binary_data_size")
 
 
@@ -259,49 +264,6 @@ def _shape(name: str, shape: Any) -> tuple[int, ...]:
         if count > MAX_ELEMENTS:
             raise InvalidInput(f"input '{name}': shape describes more than 2**48 elements")
     return tuple(shape)
-
-
-def tensor_from_json(name: str, datatype: str, shape: tuple[int, ...], data: Any) -> Tensor:
-    """Build a tensor from JSON ``data`` (flat or nested, row-major)."""
-    if datatype == datatypes.BF16:
-        raise InvalidInput(f"input '{name}': BF16 data must use the binary data extension")
-    count = math.prod(shape)
-    flat, types = json_text.flatten(name, data, limit=count)
-    if len(flat) != count:
-        # Past the count, flattening stopped at a level of more items than that.
-        found = f"more ({len(flat)} items at one level)" if list in types else len(flat)
-        raise InvalidInput(
-            f"input '{name}': shape {list(shape)} needs {count} elements, data has {found}"
-        )
-    if datatype == datatypes.BYTES:
-        return Tensor(
-            datatype, shape, datatypes.serialize_bytes([_json_bytes(name, e) for e in flat])
-        )
-    return Tensor(datatype, shape, _numeric(name, datatype, flat, types).tobytes())
-
-
-def _numeric(name: str, datatype: str, flat: list[Any], types: set[type]) -> np.ndarray:
-    dtype = datatypes.numpy_dtype(datatype)
-    wanted = "b" if dtype.kind == "b" else ("f" if dtype.kind == "f" else "i")
-    # One pass in C over the element types; the per-element search runs only on an error.
-    if not types <= _ACCEPTED_TYPES[wanted]:
-        bad = next(e for e in flat if type(e) not in _ACCEPTED_TYPES[wanted])
-        raise InvalidInput(f"input '{name}': {bad!r} is not a valid {datatype} value")
-    try:
-        with np.errstate(over="raise", invalid="ignore"):
-            return np.array(flat, dtype=dtype)
-    except (OverflowError, ValueError, FloatingPointError) as exc:
-        raise InvalidInput(f"input '{name}': data does not fit {datatype}: {exc}") from None
-
-
-# JSON element types each numpy kind accepts: ints may fill float tensors, never the reverse.
-_ACCEPTED_TYPES: dict[str, set[type]] = {"b": {bool}, "i": {int}, "f": {int, float}}
-
-
-def _json_bytes(name: str, element: Any) -> bytes:
-    if not isinstance(element, str):
-        raise InvalidInput(f"input '{name}': BYTES elements in JSON must be strings")
-    return element.encode()
 
 
 def _parse_output(raw: dict[str, Any], shm: SharedMemoryRegistry) -> RequestedOutput:
