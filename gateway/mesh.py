@@ -22,6 +22,7 @@ from gateway.admission import ADMITTED, CLOSED, FULL, Admission, MemoryGauge
 from gateway.cancels import Canceller
 from gateway.catalog import Catalog
 from gateway.codec import InferBody, check_parameter_size
+from gateway.deadline import Deadline
 from gateway.reply_streams import ENSURE_SCRIPT
 from gateway.resubmission import Accepted, Resubmitter
 from pipelines.route import Route, Router
@@ -96,30 +97,32 @@ class MeshClient:
         timeout_s = self._timeout_s(entry, body)
         level = _priority_level(entry, body)
         request = self._request(entry, version, body, timeout_s)
-        future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[InferReply] = loop.create_future()
         self.waiting[request.id] = future
         self.inflight_bytes += size
+        # The deadline covers queueing too: a Redis that stops answering cannot hold a
+        # request past it.
+        deadline = Deadline(loop, timeout_s)
         try:
-            # The deadline covers queueing too: a Redis that stops answering cannot hold a
-            # request past it.
-            async with asyncio.timeout(timeout_s):
-                if entry.config.is_ensemble:
-                    await self._start_route(entry, version, request, body)
-                else:
-                    await self._send(entry, request, batch, level)
-                accepted = Accepted(entry, version, request, body, batch, level)
-                self.resubmitter.accepted[request.id] = accepted
-                return await future
+            if entry.config.is_ensemble:
+                await self._start_route(entry, version, request, body)
+            else:
+                await self._send(entry, request, batch, level)
+            accepted = Accepted(entry, version, request, body, batch, level)
+            self.resubmitter.accepted[request.id] = accepted
+            return await future
         except asyncio.CancelledError:
+            if deadline.absorb():
+                raise DeadlineExceeded(
+                    f"{DeadlineExceeded.TRITON_TEXT}: model '{entry.name}' version "
+                    f"'{version}' did not answer within {timeout_s:g} s"
+                ) from None
             # The client left (HTTP disconnect, gRPC cancel): the mesh need not run it.
             self._cancel(entry, version, request)
             raise
-        except TimeoutError:
-            raise DeadlineExceeded(
-                f"{DeadlineExceeded.TRITON_TEXT}: model '{entry.name}' version '{version}' did "
-                f"not answer within {timeout_s:g} s"
-            ) from None
         finally:
+            deadline.cancel()
             self.waiting.pop(request.id, None)
             self.resubmitter.accepted.pop(request.id, None)
             self.inflight_bytes -= size
