@@ -155,7 +155,10 @@ def peer_targets(points: list[Point], memory: dict[str, Any]) -> list[Target]:
             )
     ratio = memory_ratio(memory)
     if ratio is not None:
-        found.append(Target("all", "Weir RSS / TorchServe RSS", ratio, MEMORY_GOAL, False))
+        # Every model of the run at once: TorchServe runs a process per model instance,
+        # Weir one worker for all, so the ratio is the set's; a run of one model is its own.
+        served = " + ".join(memory.get("models", ["all"]))
+        found.append(Target(served, "Weir RSS / TorchServe RSS", ratio, MEMORY_GOAL, False))
     return found
 
 

@@ -245,6 +245,7 @@ def measure_all(args: argparse.Namespace, machine: dict[str, Any]) -> dict[str, 
         logger.info("raw limit again, after the servers")
         raw_after = measure_raw(repository, names, threads, args.raw_s)
         memory = memory_record(rss, repository, args.runtimes)
+        memory["models"] = args.models.split(",")
     raw = {
         "torch_threads": raw_before["torch_threads"],
         "threads": raw_before["threads"],

@@ -132,6 +132,7 @@ def _memory(weir_mib: float, runtimes: list[str], torchserve_mib: float | None) 
         "peak_minus_weights_mib": weir_mib - 10.0,
         "processes": [{"label": "weir gateway", "rss_mib": weir_mib}],
         "peers": {},
+        "models": ["tiny_mlp"],
     }
     if torchserve_mib is not None:
         processes = [{"label": "frontend", "rss_mib": torchserve_mib}]
@@ -153,6 +154,7 @@ def test_the_goals_against_torchserve_are_read_from_the_points_and_the_memory() 
     assert found["Weir p50 / TorchServe p50 at concurrency 1"].met
     assert found["Weir RSS / TorchServe RSS"].measured == pytest.approx(0.6)
     assert found["Weir RSS / TorchServe RSS"].met
+    assert found["Weir RSS / TorchServe RSS"].model == "tiny_mlp"
     assert len(found) == 5  # wide_mlp and bert_mini were not measured
 
 
