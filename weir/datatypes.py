@@ -6,35 +6,32 @@ serialization: each element is a 4-byte little-endian length followed by its byt
 
 from __future__ import annotations
 
+import functools
 import struct
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from weir.errors import InvalidInput
 
-# Protocol datatype -> numpy dtype (little-endian). BYTES has no fixed dtype (object array).
-NUMPY_DTYPES: dict[str, np.dtype[np.generic]] = {
-    "BOOL": np.dtype("?"),
-    "UINT8": np.dtype("<u1"),
-    "UINT16": np.dtype("<u2"),
-    "UINT32": np.dtype("<u4"),
-    "UINT64": np.dtype("<u8"),
-    "INT8": np.dtype("<i1"),
-    "INT16": np.dtype("<i2"),
-    "INT32": np.dtype("<i4"),
-    "INT64": np.dtype("<i8"),
-    "FP16": np.dtype("<f2"),
-    "FP32": np.dtype("<f4"),
-    "FP64": np.dtype("<f8"),
-}
+if TYPE_CHECKING:
+    import numpy as np
+
+# Protocol datatype -> numpy dtype code (little-endian). BYTES has no fixed dtype (object
+# array). numpy itself is imported when a dtype is first asked for: a service that never
+# looks into a tensor (the batcher, ``weir up``) does not hold it.
+_FIXED = {
+    "BOOL": "?", "UINT8": "<u1", "UINT16": "<u2", "UINT32": "<u4", "UINT64": "<u8",
+    "INT8": "<i1", "INT16": "<i2", "INT32": "<i4", "INT64": "<i8",
+    "FP16": "<f2", "FP32": "<f4", "FP64": "<f8",
+}  # fmt: skip
+_SIZES = {name: int(code[-1]) if code[-1].isdigit() else 1 for name, code in _FIXED.items()}
 BYTES = "BYTES"
 # BF16 has no numpy dtype: it travels as raw 2-byte words.
 BF16 = "BF16"
-DATATYPES: frozenset[str] = frozenset([*NUMPY_DTYPES, BYTES, BF16])
+DATATYPES: frozenset[str] = frozenset([*_FIXED, BYTES, BF16])
 
 # model_config.proto names <-> protocol names.
 CONFIG_TO_PROTOCOL: dict[str, str] = {
-    **{f"TYPE_{name}": name for name in NUMPY_DTYPES},
+    **{f"TYPE_{name}": name for name in _FIXED},
     "TYPE_STRING": BYTES,
     "TYPE_BF16": BF16,
 }
@@ -60,12 +57,29 @@ def element_size(datatype: str) -> int | None:
     """Bytes per element, or None for BYTES (variable length)."""
     if datatype == BF16:
         return 2
-    dtype = NUMPY_DTYPES.get(datatype)
-    return None if dtype is None else dtype.itemsize
+    return _SIZES.get(datatype)
+
+
+@functools.cache
+def _numpy_dtypes() -> dict[str, np.dtype[np.generic]]:
+    import numpy as np
+
+    return {name: np.dtype(code) for name, code in _FIXED.items()}
+
+
+@functools.cache
+def _by_dtype() -> dict[np.dtype[np.generic], str]:
+    return {dtype: name for name, dtype in _numpy_dtypes().items()}
+
+
+def __getattr__(name: str) -> Any:
+    if name == "NUMPY_DTYPES":  # protocol datatype -> numpy dtype, numpy imported on use
+        return _numpy_dtypes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
-    dtype = NUMPY_DTYPES.get(datatype)
+    dtype = _numpy_dtypes().get(datatype)
     if dtype is None:
         raise InvalidInput(f"datatype {datatype} has no fixed-size numpy representation")
     return dtype
@@ -73,18 +87,15 @@ def numpy_dtype(datatype: str) -> np.dtype[np.generic]:
 
 def datatype_of(array: np.ndarray) -> str:
     """The protocol datatype of a numpy array (object and string arrays are BYTES)."""
-    name = _BY_DTYPE.get(array.dtype)  # a worker asks for every output of every request
+    name = _by_dtype().get(array.dtype)  # a worker asks for every output of every batch
     if name is not None:
         return name
     if array.dtype.kind in "OSU":
         return BYTES
-    for name, dtype in NUMPY_DTYPES.items():
+    for name, dtype in _numpy_dtypes().items():
         if array.dtype.newbyteorder("<") == dtype:
             return name
     raise InvalidInput(f"numpy dtype {array.dtype} has no KServe datatype")
-
-
-_BY_DTYPE: dict[np.dtype[np.generic], str] = {d: name for name, d in NUMPY_DTYPES.items()}
 
 
 def serialize_bytes(elements: list[bytes]) -> bytes:

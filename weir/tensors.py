@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from weir import datatypes
 from weir.errors import InvalidInput
+
+if TYPE_CHECKING:
+    import numpy as np
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,6 +32,8 @@ class Tensor:
 
     def to_numpy(self) -> np.ndarray:
         """A numpy view of the data (an object array of ``bytes`` for BYTES)."""
+        import numpy as np  # imported on use: the batcher never looks into a tensor
+
         if self.datatype == datatypes.BYTES:
             elements = datatypes.deserialize_bytes(self.data, self.element_count)
             array = np.empty(len(elements), dtype=object)
@@ -41,6 +44,8 @@ class Tensor:
 
     @classmethod
     def from_numpy(cls, array: np.ndarray, datatype: str | None = None) -> Tensor:
+        import numpy as np
+
         datatype = datatype or datatypes.datatype_of(array)
         shape = tuple(int(d) for d in array.shape)
         if datatype == datatypes.BYTES:

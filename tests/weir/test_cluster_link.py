@@ -4,12 +4,14 @@ MOVED and ASK followed, blocking reads on connections of their own, and a failov
 from __future__ import annotations
 
 import asyncio
+import random
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
 
 import pytest
 import redis
 import uvloop
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
@@ -157,6 +159,15 @@ def test_keys_and_slots_of_commands() -> None:
         split_units([("MULTI",), ("INCR", "{a}x"), ("INCR", "{b}x"), ("EXEC",)])
     with pytest.raises(ValueError, match="must end"):
         split_units([("MULTI",), ("INCR", "{a}x")])
+
+
+def test_every_key_has_the_slot_redis_py_gives_it() -> None:
+    rng = random.Random(7)
+    alphabet = b"ab{}:-_\x00\xff9"
+    keys = [bytes(rng.choice(alphabet) for _ in range(rng.randint(0, 12))) for _ in range(3000)]
+    keys += [b"weir:{tiny_mlp}:1:requests", "{é}x".encode(), b"{", b"}{", b"{}", b"a{b}c{d}"]
+    assert [slot_of(k) for k in keys] == [key_slot(k) for k in keys]
+    assert slot_of("weir:{m}:1") == slot_of(b"m") == key_slot(b"m")
 
 
 def test_a_pipeline_across_the_primaries_answers_in_order(cluster: ClusterSet) -> None:

@@ -10,12 +10,11 @@ keys on several slots.
 
 from __future__ import annotations
 
+from binascii import crc_hqx
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 # Types only: weir.redis_io.redis_target imports this module, and weir.redis_io.link that.
 if TYPE_CHECKING:
@@ -23,7 +22,7 @@ if TYPE_CHECKING:
 
 # The template URL's host: never dialled, each node's address replaces it.
 PLACEHOLDER_HOST = "cluster-node"
-SLOTS = REDIS_CLUSTER_HASH_SLOTS
+SLOTS = 16384  # Redis Cluster's hash slots
 
 Address = tuple[str, int]
 # A slot range and its primary: (first slot, last slot, address).
@@ -82,8 +81,19 @@ def node_url(template: str, address: Address) -> str:
 
 
 def slot_of(key: Arg) -> int:
-    """The slot of ``key``."""
-    return key_slot(_bytes(key))
+    """The slot of ``key``: CRC16 (XMODEM) of its hash tag when it has one, else of it all.
+
+    The cluster specification's rule: the tag is what lies between the first ``{`` and the
+    first ``}`` after it, when that is not empty. Computed here rather than by redis-py, so
+    that reading a Redis URL (``weir up``'s settings) does not load all of redis-py.
+    """
+    raw = _bytes(key)
+    start = raw.find(b"{")
+    if start >= 0:
+        end = raw.find(b"}", start + 1)
+        if end > start + 1:
+            raw = raw[start + 1 : end]
+    return crc_hqx(raw, 0) % SLOTS
 
 
 def split_units(commands: Sequence[Command]) -> list[Unit]:
