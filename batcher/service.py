@@ -162,7 +162,7 @@ class Batcher(Service):
         """The lane sends what it holds and ends; it reads nothing more."""
         stop = self.stops.get(lane)
         if stop is not None:
-            stop.set()
+            lane.stop(stop)
 
     async def _retire(self) -> None:
         for stream in sorted(self.retiring):
@@ -185,8 +185,8 @@ class Batcher(Service):
             self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")
         await self._read_until_exit()
         # Intake has stopped; what the lanes hold still leaves, within the grace period.
-        for stop in list(self.stops.values()):
-            stop.set()
+        for lane, stop in list(self.stops.items()):
+            lane.stop(stop)
         dispatchers = list(self.dispatchers.values())
         if dispatchers:
             await asyncio.wait(dispatchers, timeout=self.settings.shutdown_grace_s)
