@@ -65,7 +65,6 @@ class Batcher(Service):
         self.lanes: dict[str, BatcherLane] = {}
         self.routes: dict[str, tuple[BatcherLane, bool]] = {}
         self.dispatchers: dict[BatcherLane, asyncio.Task[None]] = {}
-        self.stops: dict[BatcherLane, asyncio.Event] = {}
         self.retiring: set[str] = set()  # request streams of lanes no longer desired
         self.retirement = Retirement(self.redis, settings.retire_timeout_s)
         self.trimmer = Trimmer(self.redis, names.BATCHER_GROUP, [])
@@ -145,7 +144,6 @@ class Batcher(Service):
         self.lanes[lane.request_stream] = lane
         self.routes[lane.request_stream] = (lane, False)
         self.routes[lane.credit_stream] = (lane, True)
-        self.stops[lane] = asyncio.Event()
         self.dispatchers[lane] = self.tasks.spawn(
             self._dispatch(lane), f"dispatch {lane.request_stream}"
         )
@@ -153,16 +151,13 @@ class Batcher(Service):
 
     async def _dispatch(self, lane: BatcherLane) -> None:
         try:
-            await lane.dispatch(self.stops[lane])
+            await lane.dispatch()
         finally:
             self.dispatchers.pop(lane, None)
-            self.stops.pop(lane, None)
 
     def _stop_lane(self, lane: BatcherLane) -> None:
         """The lane sends what it holds and ends; it reads nothing more."""
-        stop = self.stops.get(lane)
-        if stop is not None:
-            lane.stop(stop)
+        lane.stop()
 
     async def _retire(self) -> None:
         for stream in sorted(self.retiring):
@@ -185,8 +180,8 @@ class Batcher(Service):
             self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")
         await self._read_until_exit()
         # Intake has stopped; what the lanes hold still leaves, within the grace period.
-        for lane, stop in list(self.stops.items()):
-            lane.stop(stop)
+        for lane in list(self.dispatchers):
+            lane.stop()
         dispatchers = list(self.dispatchers.values())
         if dispatchers:
             await asyncio.wait(dispatchers, timeout=self.settings.shutdown_grace_s)

@@ -10,8 +10,12 @@ import pytest
 from gateway.deadline import Deadline
 
 
-async def _wait(timeout_s: float, waited: asyncio.Future[str]) -> str:
+async def _wait(
+    timeout_s: float, waited: asyncio.Future[str], waiting: asyncio.Future[None] | None = None
+) -> str:
     deadline = Deadline(asyncio.get_running_loop(), timeout_s)
+    if waiting is not None:
+        waiting.set_result(None)  # its waiter resumes once this task awaits ``waited``
     try:
         return await waited
     except asyncio.CancelledError:
@@ -31,18 +35,22 @@ async def test_a_passed_deadline_is_absorbed_and_the_task_goes_on_uncancelled() 
 
 
 async def test_a_cancellation_of_another_kind_stays_a_cancellation() -> None:
-    never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_wait(60, never))
-    await asyncio.sleep(0)  # the task waits on the future
+    loop = asyncio.get_running_loop()
+    never: asyncio.Future[str] = loop.create_future()
+    waiting: asyncio.Future[None] = loop.create_future()
+    task = asyncio.create_task(_wait(60, never, waiting))
+    await waiting
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
 
 
 async def test_a_deadline_and_another_cancellation_together_stay_a_cancellation() -> None:
-    never: asyncio.Future[str] = asyncio.get_running_loop().create_future()
-    task = asyncio.create_task(_wait(0.001, never))
-    await asyncio.sleep(0)
+    loop = asyncio.get_running_loop()
+    never: asyncio.Future[str] = loop.create_future()
+    waiting: asyncio.Future[None] = loop.create_future()
+    task = asyncio.create_task(_wait(0.001, never, waiting))
+    await waiting
     task.cancel()  # before the deadline fires, and the deadline fires before the task runs
     expired = asyncio.get_running_loop().create_future()
     asyncio.get_running_loop().call_later(0.002, expired.set_result, None)
