@@ -33,6 +33,8 @@ def machine_busy_s() -> float:
 
 
 def _weir_role(command: list[str]) -> str:
+    if "weir.embedded" in command:  # weir up's supervisor, once it has read its settings
+        return "weir up"
     subcommand = command[command.index("weir.cli") + 1]
     return "weir up" if subcommand == "up" else subcommand
 
@@ -49,7 +51,7 @@ ROLES: list[tuple[Callable[[list[str], str], bool], str]] = [
 
 def role(command: list[str], name: str) -> str:
     """The part a process plays in its server, from its command line and program name."""
-    if "weir.cli" in command[:-1]:
+    if "weir.cli" in command[:-1] or "weir.embedded" in command:
         return _weir_role(command)
     found = next((label for test, label in ROLES if test(command, name)), None)
     return found or name

@@ -148,16 +148,15 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _run_up(options: dict[str, Any]) -> int:
-    from weir.embedded import Embedded
+    from weir.up_plan import UpPlan, exec_supervisor
 
     settings = UpSettings(**options)
     if settings.model_store is not None or settings.ts_config is not None or settings.models:
         from weir.torchserve.startup import prepare
 
         settings = prepare(settings, "repository" in options, os.environ)
-    service = Embedded(settings)
-    run(service)
-    return service.exit_code
+    exec_supervisor(UpPlan.of(settings))  # the supervisor runs in this process, leaner
+    return 0  # not reached
 
 
 def _run_gateway(options: dict[str, Any]) -> int:

@@ -8,6 +8,9 @@ started again, after a backoff that doubles from 1 s up to 30 s while it keeps d
 forgotten once it has run a minute, each restart logged; crash safety means no accepted
 request is lost meanwhile. On SIGINT/SIGTERM it stops the children in data-flow order
 (gateway, batcher, worker, so each drains into a live next stage) and then Redis.
+
+It runs as ``python -m weir.embedded``, which ``weir up`` execs once its settings are read
+(:mod:`weir.up_plan`): the supervisor imports no pydantic and nothing of the services.
 """
 
 from __future__ import annotations
@@ -21,8 +24,8 @@ import sys
 import time
 
 from weir.redis_server import RedisServer
-from weir.service import Service
-from weir.settings import UpSettings
+from weir.service import Service, run
+from weir.up_plan import PLAN_ENV, UpPlan
 
 logger = logging.getLogger(__name__)
 
@@ -35,46 +38,16 @@ class Embedded(Service):
 
     name = "weir up"
 
-    def __init__(self, settings: UpSettings) -> None:
-        super().__init__(settings.shutdown_grace_s)
-        self.settings = settings
-        self.redis = RedisServer(
-            settings.redis_port, settings.redis_server, maxmemory=settings.redis_maxmemory
-        )
+    def __init__(self, plan: UpPlan) -> None:
+        super().__init__(plan.shutdown_grace_s)
+        self.plan = plan
+        self.redis = RedisServer(plan.redis_port, plan.redis_server, maxmemory=plan.redis_maxmemory)
         self.children: dict[str, asyncio.subprocess.Process] = {}
         self.env: dict[str, str] = {}
         self.exit_code = 0
 
     def _environment(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            WEIR_REDIS_URL=self.redis.url,
-            WEIR_REPOSITORY=str(self.settings.repository.resolve()),
-            WEIR_LOG_LEVEL=self.settings.log_level,
-            WEIR_DEFAULT_MAX_BATCH_SIZE=str(self.settings.default_max_batch_size),
-            WEIR_GATEWAY_HTTP_PORT=str(self.settings.http_port),
-            WEIR_GATEWAY_GRPC_PORT=str(self.settings.grpc_port),
-            WEIR_GATEWAY_METRICS_PORT=str(self.settings.metrics_port),
-            WEIR_GATEWAY_PROCESSES=str(self.settings.gateway_processes),
-            WEIR_MODEL_CONTROL_MODE=self.settings.model_control_mode.value,
-            WEIR_LOAD_MODEL=self.settings.load_model,
-            WEIR_REPOSITORY_POLL_SECS=str(self.settings.repository_poll_secs),
-        )
-        if self.settings.model_store is not None:
-            env.update(
-                WEIR_MODEL_STORE=str(self.settings.model_store.resolve()),
-                WEIR_GATEWAY_TS_MANAGEMENT_PORT=str(self.settings.ts_management_port),
-                WEIR_GATEWAY_TS_MANAGEMENT_HOST=self.settings.ts_management_host,
-                WEIR_GATEWAY_TS_MAX_REQUEST_SIZE_BYTES=str(self.settings.ts_max_request_size_bytes),
-                WEIR_GATEWAY_TS_MAX_RESPONSE_SIZE_BYTES=str(
-                    self.settings.ts_max_response_size_bytes
-                ),
-                WEIR_GATEWAY_TS_DEFAULT_WORKERS_PER_MODEL=str(
-                    self.settings.ts_default_workers_per_model
-                ),
-                WEIR_WORKER_TS_INSTALL_REQUIREMENTS=str(self.settings.ts_install_requirements),
-            )
-        return env
+        return {**os.environ, **self.plan.child_env, "WEIR_REDIS_URL": self.redis.url}
 
     async def startup(self) -> None:
         await asyncio.to_thread(self.redis.start)
@@ -82,28 +55,28 @@ class Embedded(Service):
         for name, args in self._services():
             self.children[name] = await self._spawn(args)
         await self._wait_ready()
-        grpc, metrics = self.settings.grpc_port, self.settings.metrics_port
+        grpc, metrics = self.plan.grpc_port, self.plan.metrics_port
         print(
-            f"Weir is up: http://127.0.0.1:{self.settings.http_port}/v2 "
+            f"Weir is up: http://127.0.0.1:{self.plan.http_port}/v2 "
             f"(KServe v2 / Triton HTTP), gRPC {f'127.0.0.1:{grpc}' if grpc else 'off'}, metrics "
             f"{f'http://127.0.0.1:{metrics}/metrics' if metrics else 'off'}, "
-            f"repository {self.settings.repository.resolve()}, redis {self.redis.url}. "
+            f"repository {self.plan.repository}, redis {self.redis.url}. "
             f"Ctrl-C stops it.",
             flush=True,
         )
-        if self.settings.model_store is not None:
-            management = self.settings.ts_management_port
+        if self.plan.model_store is not None:
+            management = self.plan.ts_management_port
             print(
-                f"TorchServe APIs: inference http://127.0.0.1:{self.settings.http_port}"
+                f"TorchServe APIs: inference http://127.0.0.1:{self.plan.http_port}"
                 f"/predictions/<model>, management "
                 f"{f'http://127.0.0.1:{management}/models' if management else 'off'}, "
-                f"model store {self.settings.model_store.resolve()}.",
+                f"model store {self.plan.model_store}.",
                 flush=True,
             )
 
     async def _wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
-        while not await _http_ok(self.settings.http_port, "/v2/health/ready"):
+        while not await _http_ok(self.plan.http_port, "/v2/health/ready"):
             if self._dead_child() or time.monotonic() > deadline or self.should_exit.is_set():
                 raise RuntimeError(
                     f"the mesh did not become ready ({self._dead_child() or 'timeout'})"
@@ -144,7 +117,7 @@ class Embedded(Service):
     def _services(self) -> list[tuple[str, list[str]]]:
         workers = [
             (f"worker-cpu-{i}", ["worker", "--pool", "cpu"])
-            for i in range(1, self.settings.cpu_workers + 1)
+            for i in range(1, self.plan.cpu_workers + 1)
         ]
         return [("gateway", ["gateway"]), ("batcher", ["batcher"]), *workers]
 
@@ -152,7 +125,7 @@ class Embedded(Service):
         for name, _ in self._services():
             process = self.children.get(name)
             if process is not None and process.returncode is None:
-                await _stop(process, self.settings.shutdown_grace_s + 5)
+                await _stop(process, self.plan.shutdown_grace_s + 5)
         await asyncio.to_thread(self.redis.stop)
 
 
@@ -180,3 +153,18 @@ async def _http_ok(port: int, path: str) -> bool:
         return False
     finally:
         writer.close()
+
+
+def main() -> int:
+    """The supervisor's entry point: the plan ``weir up`` left in the environment."""
+    plan = UpPlan.decode(os.environ.pop(PLAN_ENV))
+    logging.basicConfig(
+        level=plan.log_level.upper(), format="%(asctime)s up %(levelname)s %(name)s: %(message)s"
+    )
+    service = Embedded(plan)
+    run(service)
+    return service.exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

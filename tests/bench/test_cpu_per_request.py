@@ -28,6 +28,7 @@ TS = "/work/bench/results/torchserve-venv"
     ("command", "name", "expected"),
     [
         ([PY, "-m", "weir.cli", "up", "--http-port", "1"], "python3", "weir up"),
+        ([PY, "-m", "weir.embedded"], "python3", "weir up"),
         ([PY, "-m", "weir.cli", "gateway", "--port", "1"], "python3", "gateway"),
         ([PY, "-m", "weir.cli", "worker", "--pool", "cpu"], "python3", "worker"),
         ([PY, "-m", "weir.cli", "batcher"], "python3", "batcher"),

@@ -13,6 +13,7 @@ import psutil
 from tests.conftest import wait_until
 from tests.weir_up import port_open, weir_up
 from weir.redis_server import free_port
+from weir.up_plan import PLAN_ENV
 
 
 def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path) -> None:
@@ -32,6 +33,13 @@ def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path)
             f"http://127.0.0.1:{port}/v2/models/tiny_mlp/infer", json=body, timeout=30
         )
         assert response.status_code == 200
+        # Settings read, weir up became its supervisor: same pid, no pydantic, no plan passed on.
+        supervisor = psutil.Process(up.process.pid)
+        assert supervisor.cmdline()[1:] == ["-m", "weir.embedded"]
+        assert not [m.path for m in supervisor.memory_maps() if "pydantic" in m.path]
+        (gateway,) = services(up.process.pid, "gateway")
+        assert PLAN_ENV not in gateway.environ()
+        assert gateway.environ()["WEIR_REPOSITORY"] == str(example_repository.resolve())
         up.process.send_signal(signal.SIGINT)
         assert up.process.wait(60) == 0
         assert not port_open(port), "the gateway still listens after weir up exited"

@@ -30,6 +30,7 @@ from weir.embedded import Embedded
 from weir.redis_io.link import Link
 from weir.redis_server import RedisServer
 from weir.settings import GatewaySettings, UpSettings
+from weir.up_plan import UpPlan
 
 FILLER_BYTES = 16 * 1024 * 1024
 URL = "/v2/models/tiny_mlp/infer"
@@ -44,7 +45,7 @@ def test_a_private_redis_runs_with_its_maxmemory_under_noeviction() -> None:
 
 def up_redis_maxmemory(settings: UpSettings) -> str:
     """The maxmemory ``weir up`` would start its Redis with."""
-    redis = Embedded(settings).redis
+    redis = Embedded(UpPlan.of(settings)).redis
     redis.stop()  # never started: only its temporary directory to remove
     return redis.maxmemory
 

@@ -1,0 +1,32 @@
+"""``weir up``'s plan: what the settings decide, carried unchanged to the lean supervisor."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from weir.cli import _overrides, _parser
+from weir.settings import UpSettings
+from weir.up_plan import UpPlan
+
+
+def plan_of(*argv: str) -> UpPlan:
+    return UpPlan.of(UpSettings(**_overrides(_parser().parse_args(["up", *argv]))))
+
+
+def test_the_plan_survives_its_trip_through_the_environment(tmp_path: Path) -> None:
+    plan = plan_of("--http-port", "9100", "--cpu-workers", "3", "--model-store", str(tmp_path))
+    assert UpPlan.decode(plan.encode()) == plan
+    assert (plan.http_port, plan.cpu_workers, plan.model_store) == (9100, 3, str(tmp_path))
+
+
+def test_children_are_told_the_settings_only_weir_up_read(tmp_path: Path) -> None:
+    plan = plan_of("--repository", str(tmp_path), "--grpc-port", "0", "--log-level", "DEBUG")
+    env = plan.child_env
+    assert env["WEIR_REPOSITORY"] == str(tmp_path.resolve())
+    assert (env["WEIR_GATEWAY_GRPC_PORT"], env["WEIR_LOG_LEVEL"]) == ("0", "DEBUG")
+    assert env["WEIR_MODEL_CONTROL_MODE"] == "none"
+    assert not [name for name in env if name.startswith("WEIR_GATEWAY_TS_")]  # no model store
+    store = plan_of("--model-store", str(tmp_path), "--ts-management-port", "9181").child_env
+    assert store["WEIR_MODEL_STORE"] == str(tmp_path.resolve())
+    assert store["WEIR_GATEWAY_TS_MANAGEMENT_PORT"] == "9181"
+    assert all(isinstance(value, str) for value in {**env, **store}.values())
