@@ -4,7 +4,10 @@ errors as values, concurrent callers, a lost connection, a password and a databa
 from __future__ import annotations
 
 import asyncio
+import enum
+import random
 import signal
+import struct
 import time
 from collections.abc import Coroutine, Iterator
 from typing import Any, TypeVar
@@ -15,7 +18,7 @@ import uvloop
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
-from weir.redis_io.link import Link, pack
+from weir.redis_io.link import Link, pack, pack_each
 from weir.redis_server import RedisServer
 
 T = TypeVar("T")
@@ -37,6 +40,36 @@ def test_pack_is_resp() -> None:
     )
     with pytest.raises(TypeError, match="NoneType"):
         pack([("SET", "k", None)])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="bool"):
+        pack([("SET", "k", True)])
+
+
+def test_pack_in_c_sends_the_bytes_of_the_general_path() -> None:
+    rng = random.Random(7)
+
+    def arg() -> bytes | str | int | float:
+        kind = rng.randrange(5)
+        if kind == 0:
+            return rng.randrange(-(2**70), 2**70)
+        if kind == 1:
+            return float(struct.unpack("d", rng.randbytes(8))[0])  # NaN, inf, subnormals too
+        if kind == 2:
+            return rng.random() * 10 ** rng.randrange(-30, 30)
+        if kind == 3:
+            return "".join(chr(rng.randrange(0x20, 0x3000)) for _ in range(rng.randrange(6)))
+        return rng.randbytes(rng.randrange(6))
+
+    for _ in range(3000):
+        commands = [tuple(arg() for _ in range(rng.randrange(1, 6))) for _ in range(3)]
+        assert pack(commands) == pack_each(commands)
+    # What the C path refuses takes the general one: lists, an IntEnum, a generator.
+    listed = [["XADD", "s", "*", "credits", 2], ("GET", Credits.TWO)]
+    assert pack(listed) == pack_each(listed) == pack(iter(listed))
+    assert b"$1\r\n2\r\n" in pack([("GET", Credits.TWO)])
+
+
+class Credits(enum.IntEnum):
+    TWO = 2
 
 
 def test_a_pipeline_answers_in_order_with_errors_as_values(server: RedisServer) -> None:

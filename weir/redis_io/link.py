@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import hiredis
+from hiredis import pack_command
 from redis.asyncio.connection import SSLConnection, UnixDomainSocketConnection, parse_url
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
@@ -49,7 +50,22 @@ _CERT_REQS = {"none": ssl.CERT_NONE, "optional": ssl.CERT_OPTIONAL, "required": 
 
 
 def pack(commands: Iterable[Command]) -> bytes:
-    """The RESP encoding of ``commands``, one buffer for the whole pipeline."""
+    """The RESP encoding of ``commands``, one buffer for the whole pipeline.
+
+    Each command is packed in C (hiredis's ``pack_command``: the same bytes as
+    :func:`pack_each`, a quarter of its time; a worker's write-back of a batch is a few
+    dozen arguments). A command it refuses (an ``IntEnum``, something that is no argument)
+    sends the whole pipeline the general way, which packs it or says what is wrong.
+    """
+    commands = commands if isinstance(commands, list | tuple) else list(commands)
+    try:
+        return b"".join([pack_command(c if type(c) is tuple else tuple(c)) for c in commands])
+    except TypeError:
+        return pack_each(commands)
+
+
+def pack_each(commands: Iterable[Command]) -> bytes:
+    """:func:`pack`, argument by argument in Python."""
     out: list[bytes] = []
     for command in commands:
         out.append(b"*%d\r\n" % len(command))
