@@ -322,8 +322,14 @@ class WorkerSettings(ServiceSettings):
     inline_compute_us: int = Field(
         300,
         ge=0,
-        description="batches that recently computed in less run in the event loop, not a "
-        "thread (0: always a thread)",
+        description="a model of several instances runs batches that recently cost less CPU "
+        "time than this in the event loop, not a thread (0: every model always a thread)",
+    )
+    inline_block_us: int = Field(
+        3000,
+        ge=0,
+        description="batches that recently took this long in wall time run in a thread; a "
+        "model of one instance runs shorter ones in the event loop",
     )
     ts_install_requirements: bool = Field(
         False,

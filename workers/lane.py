@@ -67,7 +67,9 @@ class WorkerLane:
         self.held: set[bytes] = set()  # entries taken and not yet acked
         self.free = asyncio.Semaphore(len(runners))
         self.queue: asyncio.Queue[Entry] = asyncio.Queue(maxsize=len(runners))
-        self.compute_ewma_ns: int | None = None  # recent compute time of a batch
+        # Recent cost of a batch: the CPU time of the thread that ran it, and its wall time.
+        self.compute_ewma_ns: int | None = None
+        self.wall_ewma_ns: int | None = None
         self.last_batch_s = 0.0  # monotonic time the last batch was written
         # On the worker's link (its transactions never block), not the lane's reading one.
         self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
@@ -160,25 +162,39 @@ class WorkerLane:
                 self.free.release()
 
     def _inline(self) -> bool:
-        # A batch that computes in less time than a trip through an executor thread costs
-        # runs in the event loop; until a batch has been timed, assume it would not.
-        limit_ns = self.settings.inline_compute_us * 1000
-        return self.compute_ewma_ns is not None and self.compute_ewma_ns < limit_ns
+        """Whether the next batch runs in the event loop rather than an executor thread.
+
+        The trip through a thread costs the worker CPU on every batch (a hand-over each way,
+        the GIL taken back), and buys two things: instances computing side by side, and an
+        event loop free to read, write and beat while a batch computes. So a lane of one
+        instance runs its batches in the loop unless they take long in wall time
+        (``inline_block_us``: a slow model, or a handler that sleeps or waits on I/O); a
+        lane of several does only when a batch costs less CPU time than the trip is worth
+        (``inline_compute_us``). CPU time, not wall time: on a busy machine a batch's wall
+        time is mostly other processes' turns on the cores. Until a batch has been timed,
+        assume a thread.
+        """
+        settings = self.settings
+        if self.compute_ewma_ns is None or self.wall_ewma_ns is None:
+            return False
+        if settings.inline_compute_us == 0 or self.wall_ewma_ns >= settings.inline_block_us * 1000:
+            return False
+        return len(self.runners) == 1 or self.compute_ewma_ns < settings.inline_compute_us * 1000
 
     def _observe(self, outcome: Outcome) -> None:
         if not outcome.executions:
             return
-        recent = self.compute_ewma_ns
-        sample = outcome.compute_ns
-        self.compute_ewma_ns = sample if recent is None else (recent * 7 + sample) // 8
+        self.compute_ewma_ns = _ewma(self.compute_ewma_ns, outcome.compute_cpu_ns)
+        self.wall_ewma_ns = _ewma(self.wall_ewma_ns, outcome.compute_ns)
 
     def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
         requests = decode_requests(entry)
         live, expired, canceled = sort_requests(requests, time.time() * 1000, self.is_canceled)
         outcome = Outcome()
-        started = time.perf_counter_ns()
+        started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
         replies, outcome.executions = runner.run_batch(live, self.is_canceled) if live else ([], [])
         outcome.compute_ns = time.perf_counter_ns() - started
+        outcome.compute_cpu_ns = time.thread_time_ns() - started_cpu
         by_id = {r.id: r for r in requests}
         outcome.phases = phase_totals(replies, by_id, [*expired, *canceled], wire.now_ns())
         if any(e.phases_ns is not None for e in outcome.executions):
@@ -198,3 +214,7 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def _ewma(recent: int | None, sample: int) -> int:
+    return sample if recent is None else (recent * 7 + sample) // 8

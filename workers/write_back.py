@@ -60,14 +60,15 @@ class Outcome:
     """What one batch produced, ready to write."""
 
     __slots__ = (
-        "answered", "compute_ns", "executions", "forwards", "last_inference_ms", "phases",
-        "replies", "routed",
+        "answered", "compute_cpu_ns", "compute_ns", "executions", "forwards",
+        "last_inference_ms", "phases", "replies", "routed",
     )  # fmt: skip
 
     def __init__(self) -> None:
         self.replies: list[tuple[str, bytes]] = []
         self.executions: list[Execution] = []
-        self.compute_ns = 0
+        self.compute_ns = 0  # wall time
+        self.compute_cpu_ns = 0  # CPU time of the thread that ran the batch
         self.answered = 0
         self.last_inference_ms = 0  # when a backend call of the batch last succeeded
         # Per request, summed: success/fail counts and nanoseconds, queue and compute time.
