@@ -310,8 +310,25 @@ def render_infer_response(
     """The response body, and the JSON header's length when binary tensors follow it.
 
     Outputs named in ``shared`` were written to shared memory: as Triton, they are described
-    (name, datatype, shape) without data.
+    (name, datatype, shape) without data. orjson writes NaN and infinities as ``null``,
+    Triton as ``NaN``, ``Infinity`` and ``-Infinity``: a header with no ``null`` in it has
+    none (the common case, one search in C), else it is rendered again, looking into each
+    float tensor.
     """
+    rendered = _render(model, version, request_id, outputs, shared, check_finite=False)
+    if b"null" in rendered[0]:
+        rendered = _render(model, version, request_id, outputs, shared, check_finite=True)
+    return rendered
+
+
+def _render(
+    model: str,
+    version: str,
+    request_id: str | None,
+    outputs: list[tuple[str, Tensor, bool]],
+    shared: frozenset[str],
+    check_finite: bool,
+) -> tuple[bytes, int | None]:
     rendered: list[dict[str, Any]] = []
     chunks: list[bytes] = []
     non_finite: list[bytes] = []  # JSON text of data orjson would write with nulls
@@ -327,7 +344,7 @@ def render_infer_response(
             item["parameters"] = {"binary_data_size": len(tensor.data)}
             chunks.append(tensor.data)
         else:
-            item["data"] = _json_data(tensor, non_finite)
+            item["data"] = _json_data(tensor, non_finite if check_finite else None)
         rendered.append(item)
     response: dict[str, Any] = {"model_name": model, "model_version": version, "outputs": rendered}
     if request_id is not None:
@@ -340,13 +357,16 @@ def render_infer_response(
     return header + b"".join(chunks), len(header)
 
 
-def _json_data(tensor: Tensor, non_finite: list[bytes]) -> Any:
-    array = tensor.to_numpy().reshape(-1)
+def _json_data(tensor: Tensor, non_finite: list[bytes] | None) -> Any:
+    """A tensor's data as orjson writes it; with ``non_finite``, NaN and infinities kept."""
     if tensor.datatype == datatypes.BYTES:
-        return [e.decode(errors="replace") for e in array]
+        return [e.decode(errors="replace") for e in tensor.to_numpy().reshape(-1)]
+    array = np.frombuffer(tensor.data, dtype=datatypes.numpy_dtype(tensor.datatype))
+    if non_finite is None or array.dtype.kind != "f":
+        return array
     # One sum finds any NaN or infinity (a finite sum can only err towards the slow path).
-    if array.dtype.kind == "f" and not math.isfinite(np.add.reduce(array, dtype=np.float64)):
-        # orjson writes null; Triton writes NaN, Infinity and -Infinity. Spliced in after.
+    if not math.isfinite(np.add.reduce(array, dtype=np.float64)):
+        # Spliced in after orjson, which would write null.
         non_finite.append(json.dumps(array.tolist(), separators=(",", ":")).encode())
         return _placeholder(len(non_finite) - 1)
     return array

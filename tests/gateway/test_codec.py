@@ -497,3 +497,19 @@ def test_non_finite_outputs_render_as_triton_writes_them() -> None:
     for name in ("odd", "again"):
         first, missing, *infinite = outputs[name]
         assert first == 1.5 and np.isnan(missing) and infinite == [np.inf, -np.inf]
+
+
+def test_a_null_in_the_text_only_takes_the_looking_path_and_renders_the_same() -> None:
+    # Finite data renders without looking into it; a "null" anywhere in the header (here
+    # a string) makes the renderer look into each float tensor: the same bytes come out.
+    plain = Tensor.from_numpy(np.array([[0.1, 3.0]], dtype=np.float32))
+    words = Tensor.from_numpy(np.array([b"null"], dtype=object), "BYTES")
+    body, _ = render_infer_response("m", "1", "null", [("p", plain, False), ("w", words, False)])
+    assert json.loads(body) == {
+        "model_name": "m", "model_version": "1", "id": "null",
+        "outputs": [
+            {"name": "p", "datatype": "FP32", "shape": [1, 2], "data": [0.1, 3.0]},
+            {"name": "w", "datatype": "BYTES", "shape": [1], "data": ["null"]},
+        ],
+    }  # fmt: skip
+    assert b'"data":[0.1,3.0]' in body  # FP32 written as float32's shortest form
