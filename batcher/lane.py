@@ -20,6 +20,7 @@ from dataclasses import replace
 
 from redis.exceptions import RedisError
 
+from batcher import free_instance
 from batcher.policy import BatchQueue, Queued
 from weir import names, stages, wire
 from weir.errors import DeadlineExceeded
@@ -47,6 +48,7 @@ class BatcherLane:
         work_conserving: bool = True,
         busy_hold_s: float = 1.0,
         is_canceled: Callable[[str], bool] | None = None,
+        free_probe_s: float = 0.002,
     ) -> None:
         self.link = link  # shared by the lanes: their transactions never block
         self.group = group
@@ -71,6 +73,12 @@ class BatcherLane:
         self.dropped: list[Queued] = []  # cancelled: to ack with the next send
         self.recheck = False  # a cancel notice came: look through the queue
         self.send_retry = RetryWait()  # after a send Redis refused
+        # Other batchers share the request stream: a credit may be with one of them
+        # (batcher.free_instance). The live instances bound what a probe calls free.
+        self.siblings = False
+        self.instances = 0
+        self.free_probe_s = free_probe_s
+        self.next_probe_s = 0.0
 
     def noticed(self) -> None:
         """A cancel notice for this lane came: drop what it names at the next turn."""
@@ -139,6 +147,7 @@ class BatcherLane:
         """
         if instances <= 0:
             return
+        self.instances = instances
         self.credits = min(self.credits, instances)
         if workers_idle:
             self.credits = max(self.credits, instances)
@@ -159,10 +168,34 @@ class BatcherLane:
                 wake_at, batch = None, self.queue.take(float("inf"))
             else:
                 wake_at, batch = self._decide(time.monotonic())
+                if not batch and self._may_probe():
+                    wake_at, batch = await self._probe(wake_at)
             # Credits are acked with the next batch: no round trip of their own.
             if batch or expired or len(self.credit_ids) >= MAX_UNACKED_CREDITS:
                 await self._send(batch, expired)
             sent = bool(batch)
+
+    def _may_probe(self) -> bool:
+        """Requests held, no credit, and a sibling batcher that may hold the one wanted."""
+        return self.siblings and self.work_conserving and self.credits <= 0 and bool(self.queue)
+
+    async def _probe(self, wake_at: float | None) -> tuple[float | None, list[Queued]]:
+        """What is queued, when the batch stream shows an instance free; else when to ask again.
+
+        At most one probe per ``free_probe_s``; a probe Redis refuses counts as no instance
+        free (the credits and ``busy_hold_s`` still rule).
+        """
+        now_s = time.monotonic()
+        if now_s >= self.next_probe_s:
+            self.next_probe_s = now_s + self.free_probe_s
+            command = free_instance.probe(self.batch_stream, self.instances)
+            try:
+                (free,) = await self.link.call(command)
+            except RedisError:
+                free = 0
+            if free == 1:
+                return None, self.queue.take(time.monotonic(), eager=True)
+        return min(self.next_probe_s, wake_at or self.next_probe_s), []
 
     def _take_dropped(self) -> list[Queued]:
         """The requests whose client left, out of the queue (marked: no reply to send)."""

@@ -70,6 +70,7 @@ class Batcher(Service):
         self.trimmer = Trimmer(self.redis, names.BATCHER_GROUP, [])
         self.follower = Follower(DesiredStore(self.redis), settings.control_refresh_s, self._follow)
         self.tasks = TaskSet()
+        self.siblings = False  # other live batchers: credits are shared with them
         self.lanes_added = asyncio.Event()  # wakes a reader that had no stream to read
         self.cancels = CancelWatch(
             settings.redis_url, settings.redis_timeout_s, settings.block_ms, self._noticed
@@ -136,7 +137,9 @@ class Batcher(Service):
             self.settings.work_conserving,
             self.settings.busy_hold_s,
             self.cancels.is_canceled,
+            self.settings.free_probe_s,
         )
+        lane.siblings = self.siblings
         await self.group.ensure([lane.request_stream, lane.credit_stream])
         if old is not None:
             lane.adopt_credits(old)
@@ -250,10 +253,16 @@ class Batcher(Service):
                 )
             self._route(claimed.retry)
         instances = served_instances(await live_consumers(self.redis, names.WORKER_GROUP))
+        others = len([n for n in await live_consumers(self.redis, names.BATCHER_GROUP)
+                      if n != self.consumer])  # fmt: skip
+        if (others > 0) != self.siblings:
+            logger.info("%d other batchers share the request streams", others)
+            self.siblings = others > 0
         idle = await self._idle_batch_streams()
         for lane in self.lanes.values():
             key = (lane.model, lane.version)
             lane.resync_credits(instances.get(key, 0), lane.batch_stream in idle)
+            lane.siblings = self.siblings
         if self.retiring:
             await self._retire()
 

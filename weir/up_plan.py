@@ -39,6 +39,7 @@ class UpPlan:
     grpc_port: int
     metrics_port: int
     cpu_workers: int
+    batchers: int
     repository: str
     log_level: str
     model_store: str | None = None
@@ -83,6 +84,7 @@ class UpPlan:
             grpc_port=settings.grpc_port,
             metrics_port=settings.metrics_port,
             cpu_workers=settings.cpu_workers,
+            batchers=settings.batchers,
             repository=repository,
             log_level=settings.log_level,
             model_store=store,

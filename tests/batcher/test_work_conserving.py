@@ -2,6 +2,9 @@
 
 The model's ``max_queue_delay_microseconds`` is 3 s. With an idle worker the batcher sends
 at once; with Triton's plain rule (work conserving off) a lone request waits the full delay.
+With two batchers, each credit reaches one of them: the other still sends at once, having
+asked Redis whether an instance is free (batcher.free_instance), instead of holding its
+requests until its next upkeep gives it credits back (a second).
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.chaos.helpers import tiny_body
-from tests.conftest import Mesh, private_redis, start_mesh
+from tests.chaos.helpers import Topology, tiny_body
+from tests.conftest import Mesh, private_redis, start_mesh, wait_until
+from weir.redis_server import free_port
 
 DELAY_S = 3.0
 
@@ -45,10 +49,11 @@ def mesh_with(repository: Path, work_conserving: bool, kind: str = "single") -> 
             mesh.stop()
 
 
-def timed_request(mesh: Mesh) -> float:
+def timed_request(mesh: Mesh | str) -> float:
+    url = mesh if isinstance(mesh, str) else mesh.url
     started = time.monotonic()
     body = tiny_body(np.ones(64, dtype=np.float32))
-    response = httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body, timeout=30)
+    response = httpx.post(f"{url}/v2/models/tiny_mlp/infer", json=body, timeout=30)
     assert response.status_code == 200, response.text
     return time.monotonic() - started
 
@@ -65,3 +70,26 @@ def test_the_plain_rule_makes_a_lone_request_wait_out_the_delay(
 ) -> None:
     for mesh in mesh_with(slow_delay_repository, work_conserving=False):
         assert timed_request(mesh) >= DELAY_S * 0.9
+
+
+def test_with_two_batchers_an_idle_worker_still_gets_each_request_at_once(
+    slow_delay_repository: Path, tmp_path: Path
+) -> None:
+    with private_redis("single") as server:
+        topology = Topology(server.url, slow_delay_repository, tmp_path)
+        try:
+            url = topology.start_mesh(free_port())
+            topology.start("batcher", "batcher-2")
+            wait_until(
+                lambda: all("other batchers share" in topology.log(name)
+                            for name in ("batcher", "batcher-2")),
+                30,
+                "each batcher to see the other",
+            )  # fmt: skip
+            # Sequential requests: each finds the worker idle, and about half of them reach
+            # the batcher without its credit. Before the probe those waited up to a second.
+            elapsed = [timed_request(url) for _ in range(12)]
+        finally:
+            topology.stop_all()
+    assert max(elapsed) < 0.5, elapsed
+    assert sum(elapsed) < 1.5, elapsed

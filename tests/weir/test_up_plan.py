@@ -14,9 +14,14 @@ def plan_of(*argv: str) -> UpPlan:
 
 
 def test_the_plan_survives_its_trip_through_the_environment(tmp_path: Path) -> None:
-    plan = plan_of("--http-port", "9100", "--cpu-workers", "3", "--model-store", str(tmp_path))
+    plan = plan_of(
+        "--http-port", "9100", "--cpu-workers", "3", "--batchers", "2", "--model-store",
+        str(tmp_path),
+    )  # fmt: skip
     assert UpPlan.decode(plan.encode()) == plan
-    assert (plan.http_port, plan.cpu_workers, plan.model_store) == (9100, 3, str(tmp_path))
+    assert (plan.http_port, plan.cpu_workers, plan.batchers) == (9100, 3, 2)
+    assert plan.model_store == str(tmp_path)
+    assert plan_of().batchers == 1
 
 
 def test_children_are_told_the_settings_only_weir_up_read(tmp_path: Path) -> None:
