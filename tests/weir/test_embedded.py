@@ -47,10 +47,10 @@ def test_weir_up_serves_and_stops_everything_on_ctrl_c(example_repository: Path)
         assert not port_open(redis_port), "redis-server still listens after weir up exited"
 
 
-def test_weir_up_starts_a_service_that_dies_again(example_repository: Path) -> None:
+def test_weir_up_starts_a_service_that_dies_again(tiny_repository: Path) -> None:
     port = free_port()
     args = ["--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0"]
-    args += ["--repository", str(example_repository)]
+    args += ["--repository", str(tiny_repository)]
     with weir_up(*args) as up:
         (worker,) = services(up.process.pid, "worker")
         worker.kill()
