@@ -6,6 +6,7 @@ way ``weir up`` and compose start them, against a private redis-server.
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
 import shutil
@@ -22,6 +23,7 @@ from typing import Any
 
 import httpx
 import pytest
+from httpx._transports import default as httpx_transports
 
 from weir import names
 from weir.redis_io.connection import connect_sync
@@ -30,6 +32,12 @@ from weir.redis_server import RedisServer, free_port
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples" / "models"
 BODY_LIMIT_BYTES = 2 * 1024 * 1024
+
+# Every httpx.get/post builds a client, and every client an SSL context from the machine's
+# CA bundle: 70-90 ms of CPU here, for tests that speak plain HTTP to 127.0.0.1, and polls
+# such as http_ready make one per try (tests/weir and tests/lifecycle made 504: 47 s of CPU,
+# most of it while a mesh starts on the same two cores). One context per setting, shared.
+httpx_transports.create_ssl_context = functools.cache(httpx_transports.create_ssl_context)
 
 
 def load_build_models() -> ModuleType:
