@@ -47,7 +47,8 @@ from typing import Any
 from bench import http_load
 from bench.cpu import CpuMark
 from bench.servers import ServerProcess, batch_counts, http_get
-from bench.workload import write_body
+from bench.variants import Runtime, Variant
+from bench.workload import bench_repository, write_body
 from bench.wrk import run_wrk
 from weir.redis_server import free_port
 
@@ -91,15 +92,7 @@ def prepare_repository(source: Path, model: str, target: Path) -> Path:
         builder = ROOT / "examples" / "build_models.py"
         command = [sys.executable, str(builder), "--repository", str(source), "--models", model]
         subprocess.run(command, check=True)
-    shutil.copytree(source / model, target / model, copy_function=_link_or_copy)
-    return target
-
-
-def _link_or_copy(src: str, dst: str) -> None:
-    try:
-        os.link(src, dst)
-    except OSError:  # another file system
-        shutil.copy2(src, dst)
+    return bench_repository(source, [Variant(model, Runtime.TORCH)], target, target)
 
 
 def mesh(repository: Path, point: Point, log_path: Path) -> ServerProcess:
