@@ -253,8 +253,8 @@ class Batcher(Service):
                 )
             self._route(claimed.retry)
         instances = served_instances(await live_consumers(self.redis, names.WORKER_GROUP))
-        others = len([n for n in await live_consumers(self.redis, names.BATCHER_GROUP)
-                      if n != self.consumer])  # fmt: skip
+        batchers = await live_consumers(self.redis, names.BATCHER_GROUP)
+        others = len(batchers.keys() - {self.consumer})
         if (others > 0) != self.siblings:
             logger.info("%d other batchers share the request streams", others)
             self.siblings = others > 0
