@@ -42,7 +42,7 @@ import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from bench import http_load
 from bench.cpu import CpuMark
@@ -104,15 +104,26 @@ def mesh(repository: Path, point: Point, log_path: Path) -> ServerProcess:
     return ServerProcess("weir", command, port, log_path)
 
 
-def load(url: str, body: Path, connections: int, seconds: float, args: argparse.Namespace) -> Any:
-    """One closed-loop run: (answered req/s, p50 ms, p99 ms, failures, answered)."""
+class Load(NamedTuple):
+    """One closed-loop run's outcome."""
+
+    requests_per_s: float  # answered ones
+    p50_ms: float
+    p99_ms: float
+    failures: int
+    answered: int
+
+
+def load(url: str, body: Path, connections: int, seconds: float, args: argparse.Namespace) -> Load:
+    """One closed-loop run through wrk or bench.http_load, as ``args.load_tool`` says."""
     if args.load_tool == "wrk":
         got = run_wrk(url, body, connections, seconds, threads=args.load_threads)
         answered = got.requests - got.errors
-        return got.ok_per_s, got.p50_us / 1e3, got.p99_us / 1e3, got.errors, answered
+        return Load(got.ok_per_s, got.p50_us / 1e3, got.p99_us / 1e3, got.errors, answered)
     target = http_load.Target.of(url, body.read_bytes())
     result = http_load.run(args.pool, target, connections, seconds, 0.0, args.load_processes)
-    return result.requests_per_s, result.p50_ms, result.p99_ms, result.failures, result.requests
+    return Load(result.requests_per_s, result.p50_ms, result.p99_ms, result.failures,
+                result.requests)  # fmt: skip
 
 
 def measure(repository: Path, body: Path, point: Point, args: argparse.Namespace) -> Point:
@@ -128,16 +139,16 @@ def measure(repository: Path, body: Path, point: Point, args: argparse.Namespace
             load(url, body, point.connections, args.warmup_s, args)
         counts = batch_counts(server, args.model)
         before = CpuMark.now([server.pid])
-        rate, p50, p99, failures, answered = load(url, body, point.connections, args.duration_s,
-                                                  args)  # fmt: skip
+        run = load(url, body, point.connections, args.duration_s, args)
         after = CpuMark.now([server.pid])
-        inferences, executions = (a - b for a, b in zip(batch_counts(server, args.model), counts,
-                                                        strict=True))  # fmt: skip
-        point.requests_per_s, point.p50_ms, point.p99_ms, point.failures = rate, p50, p99, failures
+        inferences, executions = batch_counts(server, args.model)
+        inferences, executions = inferences - counts[0], executions - counts[1]
+        point.requests_per_s, point.failures = run.requests_per_s, run.failures
+        point.p50_ms, point.p99_ms = run.p50_ms, run.p99_ms
         point.mean_batch = inferences / executions if executions else 0.0
-        point.cpu_us = before.server_us(after, server.pid, answered)
+        point.cpu_us = before.server_us(after, server.pid, run.answered)
         wall = after.wall_s - before.wall_s
-        point.cores_busy = sum(point.cpu_us.values()) * answered / 1e6 / wall if wall else 0.0
+        point.cores_busy = sum(point.cpu_us.values()) * run.answered / 1e6 / wall if wall else 0.0
     finally:
         server.stop()
     return point
