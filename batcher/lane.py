@@ -21,6 +21,7 @@ from dataclasses import replace
 from redis.exceptions import RedisError
 
 from batcher import free_instance
+from batcher.in_flight import InFlight
 from batcher.policy import BatchQueue, Queued
 from weir import names, stages, wire
 from weir.errors import DeadlineExceeded
@@ -49,6 +50,7 @@ class BatcherLane:
         busy_hold_s: float = 1.0,
         is_canceled: Callable[[str], bool] | None = None,
         free_probe_s: float = 0.002,
+        share_hold: float = 0.0,
     ) -> None:
         self.link = link  # shared by the lanes: their transactions never block
         self.group = group
@@ -79,6 +81,9 @@ class BatcherLane:
         self.instances = 0
         self.free_probe_s = free_probe_s
         self.next_probe_s = 0.0
+        # Batches sent and not yet credited back: a free instance beside them waits a
+        # little for a batch of their size (batcher.in_flight).
+        self.in_flight = InFlight(share_hold)
 
     def noticed(self) -> None:
         """A cancel notice for this lane came: drop what it names at the next turn."""
@@ -107,10 +112,13 @@ class BatcherLane:
         """Take over the credits of the lane this one replaces (a new config's)."""
         self.credits, old.credits = old.credits, 0
         self.credit_ids, old.credit_ids = old.credit_ids, []
+        self.in_flight = old.in_flight
         self.wake.set()
 
     def add_credit(self, entry: Entry) -> None:
-        self.credits += int(entry.fields.get(wire.CREDITS, b"1"))
+        credits = int(entry.fields.get(wire.CREDITS, b"1"))
+        self.credits += credits
+        self.in_flight.credited(time.monotonic(), credits)
         self.credit_ids.append(entry.id)
         self.wake.set()
 
@@ -126,7 +134,12 @@ class BatcherLane:
             return None, []
         if self.credits > 0:
             if self.work_conserving:
-                return None, self.queue.take(now_s, eager=True)
+                hold_s = self.in_flight.hold_until(
+                    now_s, oldest, self.queue.rows(), self.credits, self.instances
+                )
+                if hold_s is None:
+                    return None, self.queue.take(now_s, eager=True)
+                return hold_s, self.queue.take(now_s, full_only=True)
             return oldest + self.queue.max_queue_delay_s, self.queue.take(now_s)
         if now_s >= oldest + self.busy_hold_s:
             return None, self.queue.take(float("inf"))
@@ -151,6 +164,7 @@ class BatcherLane:
         self.credits = min(self.credits, instances)
         if workers_idle:
             self.credits = max(self.credits, instances)
+            self.in_flight.clear()
 
     async def dispatch(self) -> None:
         """Send batches as the rule lets them leave, until stopped and empty."""
@@ -246,6 +260,7 @@ class BatcherLane:
         self.sending = set()
         if batch:
             self.credits -= 1
+            self.in_flight.sent(time.monotonic(), sum(q.size for q in batch))
 
     def _count_failed(self, expired: list[Queued]) -> list[Command]:
         """Expired requests count as failures in the model's statistics, as Triton's do.

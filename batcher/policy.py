@@ -126,6 +126,11 @@ class BatchQueue:
         self._count -= len(batch)
         return batch
 
+    def rows(self) -> int:
+        """The rows of the batch sent if every queued request that fits went now."""
+        totals = self._fitting_totals()
+        return totals[-1] if totals else 0
+
     def _ready_count(self, now_s: float, eager: bool) -> int:
         if not self._count:
             return 0

@@ -138,6 +138,7 @@ class Batcher(Service):
             self.settings.busy_hold_s,
             self.cancels.is_canceled,
             self.settings.free_probe_s,
+            self.settings.share_hold,
         )
         lane.siblings = self.siblings
         await self.group.ensure([lane.request_stream, lane.credit_stream])

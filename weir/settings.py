@@ -296,6 +296,13 @@ class BatcherSettings(ServiceSettings):
         description="with other batchers on a stream: how often a lane holding requests and "
         "no credit asks whether an instance is free (a sibling may hold its credit)",
     )
+    share_hold: float = Field(
+        0.25,
+        ge=0,
+        description="a free instance beside a busy one of the same model waits for a batch "
+        "as large as the one in flight, at most this fraction of the model's batch time "
+        "(0: sends at once)",
+    )
 
 
 class WorkerSettings(ServiceSettings):
