@@ -15,7 +15,7 @@
 # (tests/gpu/test_gpu_pool.py); the benchmark's GPU section (bench/gpu.py), whose table
 # goes into bench/README.md; the gateway-scaling run (bench/scaling.py: tiny_mlp on the
 # machine's cores with 1, 2, 4 and 8 gateway processes, about 2 minutes), whose table goes
-# there too. About 8 minutes with torch alone.
+# there too; the gateway floor (bench/floor.py, about 40 s). About 9 minutes with torch alone.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 OUT_DIR=${1:-${OUT:-/tmp/weir-device-check}}
@@ -68,13 +68,16 @@ step "the benchmark's GPU section"
 "$PYTHON" -m bench.gpu --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-gpu.log"
 [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 
-step "gateway scaling: tiny_mlp with 1, 2, 4 and 8 gateway processes"
+step "gateway scaling: tiny_mlp with 1, 2, 4 and 8 gateway processes; the gateway floor"
 (
     tools=$PWD/.whl/tools
     if [ -x "$tools/wrk" ] && LD_LIBRARY_PATH=$tools "$tools/wrk" -v 2>&1 | grep -q '^wrk '; then
         export PATH=$tools:$PATH LD_LIBRARY_PATH=$tools${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
     fi
     "$PYTHON" -m bench.scaling --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-scaling.log"
+    [ "${PIPESTATUS[0]}" -eq 0 ] || exit 1
+    # The floor of a Python gateway on this machine's cores, beside Weir's gateway.
+    "$PYTHON" -m bench.floor --out "$OUT_DIR" 2>&1 | tee "$OUT_DIR/bench-floor.log"
     exit "${PIPESTATUS[0]}"
 ) || status=1
 
