@@ -60,6 +60,9 @@ class InferBody:
     id: str | None = None
     # Every input's name, datatype and shape were checked against the model while parsing.
     prechecked: bool = False
+    # The request's batch size, when the parse checked the whole body against the model
+    # (gateway.json_plain); 0: gateway.validation.check_request works it out.
+    batch: int = 0
 
     @property
     def binary_output_default(self) -> bool:

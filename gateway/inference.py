@@ -14,7 +14,15 @@ import functools
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
-from gateway import classification, codec, compression, json_bounds, offload, shared_memory
+from gateway import (
+    classification,
+    codec,
+    compression,
+    json_bounds,
+    json_plain,
+    offload,
+    shared_memory,
+)
 from gateway.codec import InferBody
 from gateway.compression import BoundedDecoder, Coding
 from gateway.disconnect import SCOPE_KEY, Disconnect
@@ -134,8 +142,14 @@ async def _parse_body(
     """
     if header_length == 0:  # Triton's raw binary request: the body is the one input's data
         return parse_raw_body(entry.config, raw)
+    settings = state.settings
+    bounds = json_bounds.for_body(entry.config, settings, len(raw))
+    if header_length is None and bounds is None and len(raw) <= settings.parse_inline_bytes:
+        # The common body, small enough that no JSON bound applies: one pass (json_plain).
+        plain = json_plain.parse(raw, entry.config)
+        if plain is not None:
+            return plain
     precheck = functools.partial(precheck_input, entry.config)
-    bounds = json_bounds.for_body(entry.config, state.settings, len(raw))
     shm = state.shared_memory
     parse = functools.partial(
         codec.parse_infer_body, raw, header_length, precheck, shm, entry.name, bounds

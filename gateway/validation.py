@@ -16,6 +16,8 @@ from weir.tensors import Tensor
 
 def check_request(config: ModelConfig, body: InferBody) -> int:
     """Validate ``body`` for ``config``; returns the request's batch size (1 if unbatched)."""
+    if body.batch:  # parsed as a plain body (gateway.json_plain), which checked all of this
+        return body.batch
     _check_names(config, body)
     if body.prechecked:  # each tensor passed _check_tensor as it was parsed
         batched = config.max_batch_size > 0
