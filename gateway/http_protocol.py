@@ -11,6 +11,8 @@ never finish a request. This protocol adds, before anything reaches the app (or 
   connection, of its first byte): 408, closed;
 - a body that sends nothing for ``body_idle_timeout_s``: the connection closes (the app sees a
   disconnect);
+- a kept-alive connection idle for uvicorn's ``timeout_keep_alive`` (the gateway's
+  ``keep_alive_timeout_s``) between requests: closed, as uvicorn closes it;
 - a connection past ``max_connections`` open ones: 503, closed at once.
 
 Each request's scope also carries the connection's :class:`~gateway.disconnect.Disconnect`,
@@ -72,6 +74,7 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         self._on_deadline: Callable[[], None] | None = None
         self._disconnect = Disconnect()
         self._state: GatewayState | None = None  # set when inference can be answered here
+        self._idle = False  # the deadline armed is the keep-alive one, between requests
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
@@ -104,7 +107,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self._arm(self.limits.body_idle_timeout_s, self._body_idle)
             self._feed(data)
             return
-        if self._on_deadline is None:  # the first byte of a request after the last one
+        if self._on_deadline is None or self._idle:  # a request's first byte after the last
+            self._idle = False
             self._arm(self.limits.header_timeout_s, self._head_late)
         room = self.limits.max_header_bytes - self._head_bytes
         head, rest = data[:room], data[room:]
@@ -191,6 +195,25 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             super().on_message_complete()
         elif self._state is not None:
             self._answer(exchange, self._state)
+
+    def on_response_complete(self) -> None:
+        # As uvicorn's, but the keep-alive timeout is the connection's deadline, which the
+        # sweep checks, not a timer made and cancelled per request (3 µs of each).
+        self.server_state.total_requests += 1
+        if self.transport.is_closing():
+            return
+        self._unset_keepalive_if_required()
+        self.flow.resume_reading()
+        if self.pipeline:
+            cycle, app = self.pipeline.pop()
+            self._start_asgi_task(cycle, app)
+        elif self._in_head and self._head_bytes == 0:  # nothing of the next request yet
+            self._arm(self.timeout_keep_alive, self._keep_alive_over)
+            self._idle = True
+
+    def _keep_alive_over(self) -> None:
+        if self._idle and not self.transport.is_closing():
+            self.transport.close()
 
     def _answer(self, exchange: InferExchange, state: GatewayState) -> None:
         if exchange.answering:

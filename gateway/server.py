@@ -129,6 +129,7 @@ def _config(settings: GatewaySettings, app: ASGIApp) -> uvicorn.Config:
         proxy_headers=False,
         server_header=False,
         timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_s),
+        timeout_keep_alive=settings.keep_alive_timeout_s,  # type: ignore[arg-type]  # any number
     )
 
 

@@ -123,6 +123,9 @@ class GatewaySettings(ServiceSettings):
     body_idle_timeout_s: float = Field(
         30.0, gt=0, description="longest an HTTP request body may send nothing (then closed)"
     )
+    keep_alive_timeout_s: float = Field(
+        5.0, gt=0, description="longest a kept-alive HTTP connection may idle between requests"
+    )
     max_connections: int = Field(
         0,
         ge=0,

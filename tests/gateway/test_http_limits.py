@@ -1,5 +1,6 @@
 """Hostile HTTP clients meet limits before the app: head size and count, slow heads and
-bodies, too many connections; a well-behaved client is served meanwhile."""
+bodies, idle kept-alive connections, too many connections; a well-behaved client is served
+meanwhile."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def limited(tiny_repository: Path) -> Iterator[Mesh]:
         "WEIR_GATEWAY_MAX_HEADERS": "50",
         "WEIR_GATEWAY_HEADER_TIMEOUT_S": "1",
         "WEIR_GATEWAY_BODY_IDLE_TIMEOUT_S": "1",
+        "WEIR_GATEWAY_KEEP_ALIVE_TIMEOUT_S": "1",
         "WEIR_GATEWAY_MAX_CONNECTIONS": str(MAX_CONNECTIONS),
     }
     with private_mesh(tiny_repository, env) as mesh:
@@ -91,6 +93,25 @@ def test_a_body_that_stops_coming_is_dropped(limited: Mesh) -> None:
         assert served_quickly(limited) < 1.0
         answer(sock)  # closed by the gateway: recv returns b"" (whatever was said before)
         assert time.monotonic() - started < 5
+
+
+def test_a_kept_alive_connection_serves_again_then_closes_once_idle(limited: Mesh) -> None:
+    body = b'{"inputs":[{"name":"INPUT0","shape":[1,64],"datatype":"FP32","data":[%s]}]}' % (
+        b",".join([b"0.5"] * 64)
+    )
+    request = b"POST /v2/models/tiny_mlp/infer HTTP/1.1\r\nHost: x\r\n"
+    request += b"Content-Length: %d\r\n\r\n%s" % (len(body), body)
+    with connect(limited) as sock:
+        for _ in range(3):  # each answered on the same connection, none closing it
+            sock.sendall(request)
+            head = sock.recv(65536)
+            assert head.startswith(b"HTTP/1.1 200 "), head[:200]
+            assert b"connection: close" not in head.lower()
+        idle_from = time.monotonic()
+        closed = answer(sock)  # nothing more sent: the gateway closes it after the timeout
+        waited = time.monotonic() - idle_from
+    assert closed == b""
+    assert 0.9 < waited < 3, waited
 
 
 def test_connections_past_the_cap_get_a_503_and_the_cap_frees_up(limited: Mesh) -> None:
