@@ -21,7 +21,6 @@ import argparse
 import json
 import logging
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -29,7 +28,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from bench import http_load, scaling
+from bench import scaling
 from bench.cpu import CpuMark, per_request_us, tree_cpu
 from bench.servers import ServerProcess, http_get
 from bench.workload import write_body
@@ -179,27 +178,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--duration-s", type=float, default=8.0, help="measured, per run")
     parser.add_argument("--warmup-s", type=float, default=2.0, help="not counted, per run")
     parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--load", choices=["auto", "wrk", "python"], default="auto")
-    parser.add_argument("--load-threads", type=int, default=1)
-    parser.add_argument("--load-processes", type=int, default=1)
-    args = parser.parse_args(argv)
-    wrk = shutil.which("wrk")
-    if args.load == "wrk" and wrk is None:
-        parser.error("--load wrk: wrk is not on PATH")
-    args.load_tool = "wrk" if args.load == "wrk" or (args.load == "auto" and wrk) else "python"
-    return args
+    scaling.add_load_arguments(parser, threads=1, processes=1)
+    return scaling.parse_with_load(parser, argv)
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    args.pool = None
-    if args.load_tool == "python":
-        with http_load.load_pool(args.load_processes) as pool:
-            args.pool = pool
-            runs = run(args)
-    else:
-        runs = run(args)
+    runs = scaling.with_load(args, run)
     print(report(runs, args))
     return 1 if any(r.failures or not r.requests_per_s for r in runs) else 0
 

@@ -40,9 +40,10 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, NamedTuple, TypeVar
 
 from bench import http_load
 from bench.cpu import CpuMark
@@ -53,6 +54,7 @@ from bench.wrk import run_wrk
 from weir.redis_server import free_port
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 ROOT = Path(__file__).resolve().parent.parent
 GOAL_GROWTH = 5.0  # 1 -> 8 gateway processes
@@ -261,10 +263,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cpu-workers", type=int, default=0, help="0: one per 2 gateways")
     parser.add_argument("--duration-s", type=float, default=8.0, help="measured, per point")
     parser.add_argument("--warmup-s", type=float, default=3.0, help="not counted, per point")
+    cores = os.cpu_count() or 2
+    add_load_arguments(parser, threads=max(1, cores // 8), processes=max(1, cores // 4))
+    return parse_with_load(parser, argv)
+
+
+def add_load_arguments(parser: argparse.ArgumentParser, threads: int, processes: int) -> None:
+    """The load generator's options: wrk (``--load-threads``) or bench.http_load."""
     parser.add_argument("--load", choices=["auto", "wrk", "python"], default="auto")
-    parser.add_argument("--load-threads", type=int, default=max(1, (os.cpu_count() or 2) // 8))
-    parser.add_argument("--load-processes", type=int,
-                        default=max(1, (os.cpu_count() or 2) // 4))  # fmt: skip
+    parser.add_argument("--load-threads", type=int, default=threads)
+    parser.add_argument("--load-processes", type=int, default=processes)
+
+
+def parse_with_load(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """The arguments, with ``load_tool`` (``wrk`` or ``python``) settled from ``--load``."""
     args = parser.parse_args(argv)
     wrk = shutil.which("wrk")
     if args.load == "wrk" and wrk is None:
@@ -273,17 +285,21 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
+def with_load(args: argparse.Namespace, run: Callable[[argparse.Namespace], T]) -> T:
+    """``run(args)``, with ``args.pool`` the load processes' pool when the load is Python's."""
+    args.pool = None
+    if args.load_tool != "python":
+        return run(args)
+    with http_load.load_pool(args.load_processes) as pool:
+        args.pool = pool
+        return run(args)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
-    args.pool = None
     started = time.monotonic()
-    if args.load_tool == "python":
-        with http_load.load_pool(args.load_processes) as pool:
-            args.pool = pool
-            points = run(args)
-    else:
-        points = run(args)
+    points = with_load(args, run)
     print(report(points, args))
     logger.info("scaling run took %.0f s", time.monotonic() - started)
     return 1 if any(p.error or p.failures for p in points) else 0
