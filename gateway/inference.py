@@ -144,8 +144,10 @@ async def _parse_body(
         return parse_raw_body(entry.config, raw)
     settings = state.settings
     bounds = json_bounds.for_body(entry.config, settings, len(raw))
-    if header_length is None and bounds is None and len(raw) <= settings.parse_inline_bytes:
-        # The common body, small enough that no JSON bound applies: one pass (json_plain).
+    if header_length is None and len(raw) <= settings.parse_inline_bytes:
+        # The common body, in one pass (json_plain), once within the JSON bound.
+        if bounds is not None:
+            json_bounds.check(raw, bounds)
         plain = json_plain.parse(raw, entry.config)
         if plain is not None:
             return plain
