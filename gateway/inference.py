@@ -148,6 +148,7 @@ async def _parse_body(
         # The common body, in one pass (json_plain), once within the JSON bound.
         if bounds is not None:
             json_bounds.check(raw, bounds)
+            bounds = None  # checked: a body the general path takes is not scanned again
         plain = json_plain.parse(raw, entry.config)
         if plain is not None:
             return plain
