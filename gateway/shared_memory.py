@@ -19,6 +19,7 @@ import mmap
 import os
 import re
 import stat
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,12 +49,16 @@ class RegionLimit(WeirError):
 class Region:
     """One registered window of a shm object, mapped read/write, with the object's descriptor.
 
-    The descriptor stays open so the object's current size can be read before each use.
+    The descriptor stays open so the object's current size can be read before each use. A
+    large body's tensors are read in the parse thread while the event loop may unregister the
+    region: the lock keeps the mapping open for a read or write under way, and one that comes
+    after is refused as unregistered.
     """
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.path = SHM_DIR / key.lstrip("/")
+        self.lock = threading.Lock()
         self.fd = _open(name, key, self.path)
         try:
             info = os.fstat(self.fd)
@@ -84,20 +89,23 @@ class Region:
         }
 
     def read(self, offset: int, size: int) -> bytes:
-        self._check_live()
-        start = self.skew + offset
-        return self.mapping[start : start + size]
+        with self.lock:
+            self._check_live()
+            start = self.skew + offset
+            return self.mapping[start : start + size]
 
     def write(self, offset: int, data: bytes) -> None:
-        self._check_live()
-        start = self.skew + offset
-        self.mapping[start : start + len(data)] = data
+        with self.lock:
+            self._check_live()
+            start = self.skew + offset
+            self.mapping[start : start + len(data)] = data
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
-            self.mapping.close()
-            os.close(self.fd)
+        with self.lock:
+            if not self.closed:
+                self.closed = True
+                self.mapping.close()
+                os.close(self.fd)
 
     def _check_live(self) -> None:
         """Refuse a region that was unregistered, or whose object was removed or shrank.

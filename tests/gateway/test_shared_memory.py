@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import threading
 import uuid
 from collections.abc import Callable, Iterator
 from types import ModuleType
@@ -366,3 +367,41 @@ def test_the_registry_holds_to_its_limits(unique: str) -> None:
         finally:
             registry.close()
         assert registry.status(None) == []
+
+
+def test_a_region_unregistered_while_another_thread_reads_it_is_refused_as_unregistered(
+    unique: str,
+) -> None:
+    """A large body's tensors are read in the parse thread; the event loop may unregister the
+    region meanwhile. Each read gets the region's bytes or NotFound, never a closed mapping's
+    ValueError (a 500) or a stat of a descriptor already closed and reused."""
+    from gateway.shared_memory import SharedMemoryRegistry
+    from weir.errors import NotFound
+
+    key, size = f"/race_{unique}", 1 << 16
+    data = np.arange(size // 4, dtype=np.float32)
+    outcomes: list[str] = []
+
+    def reader(region: Any, go: threading.Event) -> None:
+        go.set()
+        for _ in range(200):
+            try:
+                got = region.read(0, size)
+                outcomes.append("read" if got == data.tobytes() else "wrong bytes")
+            except NotFound:
+                outcomes.append("unregistered")
+            except Exception as exc:  # what the lock must rule out
+                outcomes.append(repr(exc))
+
+    with shm_object(key, size) as handle:
+        shm.set_shared_memory_region(handle, [data])
+        registry = SharedMemoryRegistry(max_regions=1, max_region_bytes=size)
+        for _ in range(100):
+            registry.register("racy", key, 0, size)
+            go = threading.Event()
+            thread = threading.Thread(target=reader, args=(registry.regions["racy"], go))
+            thread.start()
+            go.wait()
+            registry.unregister("racy")
+            thread.join()
+    assert set(outcomes) == {"read", "unregistered"}, sorted(set(outcomes))
