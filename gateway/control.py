@@ -53,8 +53,13 @@ class ControlLoop:
             settle_s=SETTLE_PERIODS * settings.control_refresh_s,
         )
         self.uploads_dir = settings.uploads_dir or uploads.default_dir()
+        self.files = uploads.LocalFiles(redis, self.uploads_dir, settings.uploads_keep_s)
         self.follower = Follower(
-            self.controller.store, settings.control_refresh_s, self.apply, self.localize
+            self.controller.store,
+            settings.control_refresh_s,
+            self.apply,
+            self.files.localize,
+            self.files.tidy,
         )
         self.state = DesiredState()
         self.next_poll = 0.0
@@ -83,10 +88,6 @@ class ControlLoop:
     async def poll(self) -> None:
         self.next_poll = time.monotonic() + self.settings.repository_poll_secs
         await self.controller.poll_once()
-
-    async def localize(self, state: DesiredState) -> DesiredState:
-        """``state`` with the files of uploaded models written on this host."""
-        return await uploads.localize(self.redis, state, self.uploads_dir)
 
     async def apply(self, state: DesiredState) -> None:
         try:

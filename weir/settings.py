@@ -83,6 +83,13 @@ class ServiceSettings(BaseSettings):
         description="where a service writes the model files that load requests carried "
         "(default: weir-uploads in the temporary directory)",
     )
+    uploads_keep_s: float = _shared(
+        "uploads_keep_s",
+        600.0,
+        gt=0,
+        description="how long the files of an upload no model uses any more stay on a host "
+        "before a service removes them",
+    )
     model_store: Path | None = _shared(
         "model_store",
         None,

@@ -89,12 +89,15 @@ class Worker(Service):
         )
         self.trimmer = Trimmer(self.redis, names.WORKER_GROUP, [])
         self.cancels = CancelWatch(settings.redis_url, settings.redis_timeout_s, settings.block_ms)
-        uploads_dir = settings.uploads_dir or uploads.default_dir()
+        self.files = uploads.LocalFiles(
+            self.redis, settings.uploads_dir or uploads.default_dir(), settings.uploads_keep_s
+        )
         self.follower = Follower(
             DesiredStore(self.redis),
             settings.control_refresh_s,
             self._follow,
-            lambda state: uploads.localize(self.redis, state, uploads_dir),
+            self.files.localize,
+            self.files.tidy,
         )
 
     @property

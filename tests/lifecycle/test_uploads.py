@@ -3,6 +3,7 @@
 The gateway and the worker here have uploads directories of their own, as on two hosts: the
 worker serves the model from the files it fetched through Redis. Paths that leave the model
 directory, files without a config and uploads over the limit are refused with the reason.
+The files of an unloaded model leave both directories once their lease (here 2 s) runs out.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tests.conftest import EXAMPLES, wait_until
 from weir.redis_server import RedisServer, free_port
 
 LIMIT_BYTES = 200_000
+KEEP_S = 2.0
 CONFIG = {
     "backend": "onnxruntime",
     "max_batch_size": 8,
@@ -47,6 +49,7 @@ def mesh(
             {
                 "WEIR_MODEL_CONTROL_MODE": "explicit",
                 "WEIR_GATEWAY_MODEL_UPLOAD_LIMIT_BYTES": str(LIMIT_BYTES),
+                "WEIR_UPLOADS_KEEP_S": str(KEEP_S),
             },
         )
         http_port, grpc_port = free_port(), free_port()
@@ -121,6 +124,16 @@ def test_a_model_sent_over_grpc_loads_and_unloads(mesh: dict[str, Any]) -> None:
         index = client.get_model_repository_index(as_json=True)["models"]
         assert {"name": "sent_grpc", "state": "UNAVAILABLE", "reason": "unloaded"} in index
         assert len(uploaded_keys(mesh["redis"])) == len(kept) - 1  # its files went with it
+        # ... and left each host's directory keep_s later; what is still loaded stays.
+        for service in ("gateway", "worker"):
+            files = mesh["root"] / f"{service}-files"
+            wait_until(
+                lambda files=files: not list(files.glob("*/sent_grpc")),
+                30,
+                f"the {service}'s copy of the unloaded model's files to go",
+            )
+            loaded = {m["name"] for m in index if m.get("state") == "READY"}
+            assert {p.name for p in files.glob("*/*")} == loaded & {"sent"}
     finally:
         client.close()
 

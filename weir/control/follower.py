@@ -23,6 +23,7 @@ logger = logging.getLogger(__name__)
 
 Apply = Callable[[DesiredState], Awaitable[None]]
 Prepare = Callable[[DesiredState], Awaitable[DesiredState]]
+Tidy = Callable[[], Awaitable[None]]
 
 
 class Follower:
@@ -34,11 +35,13 @@ class Follower:
         interval_s: float,
         apply: Apply,
         prepare: Prepare | None = None,
+        tidy: Tidy | None = None,
     ) -> None:
         self.store = store
         self.interval_s = interval_s
         self.apply = apply
         self.prepare = prepare  # e.g. write the files of uploaded models here
+        self.tidy = tidy  # e.g. remove those no model uses; called at each check
         self.generation: int | None = None
 
     async def first(self) -> DesiredState:
@@ -49,6 +52,8 @@ class Follower:
 
     async def check(self) -> None:
         """Apply the desired state if its generation moved."""
+        if self.tidy is not None:
+            await self.tidy()
         generation = await self.store.generation()
         if generation is None or generation == self.generation:
             return  # a Redis that lost its data keeps what is served, not nothing
