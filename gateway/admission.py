@@ -15,7 +15,9 @@ over the gateway's own hot-path connection (:class:`~weir.redis_io.link.Link`, o
 Redis runs under ``maxmemory-policy noeviction``: past ``maxmemory`` it refuses every write,
 and every command of a MULTI (XACK and DECRBY too), which is how the batcher and the workers
 answer requests. A Redis filled to its limit would answer nothing more, so admission stops
-short of it (:class:`MemoryGauge`) and what was accepted has the rest to be answered in.
+short of it (:class:`MemoryGauge`) and what was accepted has the rest to be answered in. On
+a Redis Cluster each primary has its own ``maxmemory``: a gauge per primary, each read from
+its own server, decides for the models whose slots it holds.
 """
 
 from __future__ import annotations
@@ -24,17 +26,19 @@ import asyncio
 import math
 import time
 from collections import defaultdict
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
 
-from weir import stages
+from weir import names, stages
 from weir.redis_io.link import Arg, Command, HotLink
 
 ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
 # Redis's used memory is read at most this often: INFO costs Redis more than an admission.
 MEMORY_SAMPLE_S = 0.1
+INFO: Command = ("INFO", "memory")
 
 
 @dataclass(slots=True)
@@ -100,7 +104,10 @@ class Admission:
     ) -> None:
         self.link = link
         self.check_open = check_open  # a model control mode: versions open and close
-        self.memory = MemoryGauge(memory_fraction)
+        self.memory_fraction = memory_fraction
+        self._gauges: dict[Hashable, MemoryGauge] = {}  # by the server (one on one Redis)
+        self._unknown = MemoryGauge(0)  # a cluster's server not known yet: admits, reads none
+        self._slots: dict[str, int] = {}  # each model's slot (its keys' hash tag)
         self._next: _Queues = defaultdict(list)
         self._flushing: asyncio.Task[None] | None = None
 
@@ -123,7 +130,8 @@ class Admission:
         been added (Redis ran the scripts before the connection broke, or not).
         """
         size = sum(map(len, fields.values()))
-        if not readmit and not await self._memory_admits(size):
+        gauge = self.gauge(model)
+        if not readmit and not await self._memory_admits(model, gauge, size):
             return NO_MEMORY
         args = stages.entry_args(fields, max_queue_size)
         admitted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -132,19 +140,32 @@ class Admission:
             self._flushing = asyncio.create_task(self._flush_all(), name="admission flush")
         queued = await admitted
         if queued == ADMITTED:
-            self.memory.used_bytes += size
+            gauge.used_bytes += size
         return queued
 
-    async def _memory_admits(self, size: int) -> bool:
-        memory = self.memory
-        if memory.admits(size):
+    def gauge(self, model: str) -> MemoryGauge:
+        """The memory gauge of the server that holds ``model``'s queue."""
+        slot = self._slots.get(model)
+        if slot is None:
+            slot = self._slots[model] = self.link.slot_of(names.serving_versions(model))
+        node = self.link.node_of(slot)
+        if node is None:
+            return self._unknown
+        gauge = self._gauges.get(node)
+        if gauge is None:
+            gauge = self._gauges[node] = MemoryGauge(self.memory_fraction)
+        return gauge
+
+    async def _memory_admits(self, model: str, gauge: MemoryGauge, size: int) -> bool:
+        if gauge.admits(size):
             return True
-        # Refusing sends no flush, so no read would ride on one: read on its own, once due.
-        if not memory.claim():
+        # Refusing sends no flush, so no read would ride on one: read on its own, once due,
+        # from the model's server (a keyless command goes where the command before it goes).
+        if not gauge.claim():
             return False
-        (info,) = await self.link.call(("INFO", "memory"))
-        memory.update(info)
-        return memory.admits(size)
+        _, info = await self.link.call(("EXISTS", names.serving_versions(model)), INFO)
+        gauge.update(info)
+        return gauge.admits(size)
 
     async def _flush_all(self) -> None:
         # Started by the first request of a flush; runs until nothing is left to send.
@@ -159,13 +180,16 @@ class Admission:
     async def _flush(self, flush: _Queues) -> None:
         queues = list(flush.items())
         commands: list[Command] = []
+        samples: list[tuple[int, MemoryGauge]] = []  # where each INFO's reply will be
         for (model, version), entries in queues:
             check = version if self.check_open else ""
             args = (a for e in entries for a in e.args)
             commands.append(stages.queue(model, version, args, check))
-        sample = self.memory.claim()
-        if sample:
-            commands.append(("INFO", "memory"))
+            gauge = self.gauge(model)
+            if gauge.claim():  # once per server and flush: claimed now, not due again yet
+                # Keyless, the INFO goes to the server the script before it went to.
+                samples.append((len(commands), gauge))
+                commands.append(INFO)
         try:
             results = await self.link.call(*commands)
         except RedisError as exc:
@@ -176,10 +200,10 @@ class Admission:
             for _, entries in queues:
                 _fail(entries, RedisError(f"admission was interrupted: {exc!r}"))
             raise
-        if sample:
-            # Read after this flush's scripts: its entries are counted in it and again as
-            # each enqueue returns, until the next read (erring towards refusing).
-            self.memory.update(results.pop())
+        # Each read after its model's script: the entries are counted in it and again as
+        # each enqueue returns, until the next read (erring towards refusing).
+        for at, gauge in reversed(samples):
+            gauge.update(results.pop(at))
         _settle(queues, results)
 
 

@@ -233,7 +233,8 @@ class MeshClient:
         except RedisError as exc:  # OOM past maxmemory too: Redis refused the write
             raise Unavailable(f"cannot queue the request: {exc}", settings.retry_after_s) from None
         if admitted != ADMITTED:
-            raise _refusal(request, admitted, limit, self.admission.memory, settings.retry_after_s)
+            gauge = self.admission.gauge(request.model)
+            raise _refusal(request, admitted, limit, gauge, settings.retry_after_s)
 
     async def read_replies(self) -> None:
         """The reader task: runs for the gateway's life, whatever a read raises.

@@ -209,3 +209,48 @@ def test_past_maxmemory_requests_get_503_and_the_accepted_wait_for_room(
 
 def test_the_gateway_admits_up_to_80_percent_of_maxmemory_by_default() -> None:
     assert GatewaySettings().admission_memory_fraction == 0.8
+
+
+def test_on_a_cluster_each_primary_has_its_own_gauge(redis_cluster: Any) -> None:
+    """A primary near its maxmemory refuses its models' requests; another primary's models
+    are admitted, whichever was read last (each INFO goes to the model's own primary)."""
+    from gateway.admission import NO_MEMORY
+    from weir.redis_io.cluster_link import ClusterLink
+
+    full_node, roomy = None, None
+    for i in range(64):  # two models whose keys lie on different primaries
+        node = redis_cluster.primary_of(names.serving_versions(f"gauge_{i}"))
+        if full_node is None:
+            full_node, full = node, f"gauge_{i}"
+        elif node.port != full_node.port:
+            roomy = f"gauge_{i}"
+            break
+    assert full_node is not None and roomy is not None
+    with Redis(port=full_node.port) as client:
+        used = int(client.info("memory")["used_memory"])
+        client.config_set("maxmemory", int(used / 0.9))  # past the 0.8 admission may fill
+
+    async def admit() -> list[int]:
+        admission = Admission(ClusterLink(redis_cluster.url), memory_fraction=0.8)
+        fields = {b"m": b"x" * 64}
+        await admission.link.connect()  # the slot map: until it is known nothing is read
+        try:
+            # The first request of each primary is admitted: its read rides on its flush.
+            return [
+                await admission.enqueue(full, "1", fields, 0),
+                await admission.enqueue(roomy, "1", fields, 0),
+                await admission.enqueue(full, "1", fields, 0),
+                await admission.enqueue(roomy, "1", fields, 0),
+            ]
+        finally:
+            await admission.link.close()
+
+    try:
+        assert asyncio.run(admit()) == [ADMITTED, ADMITTED, NO_MEMORY, ADMITTED]
+    finally:
+        with Redis(port=full_node.port) as client:
+            client.config_set("maxmemory", 0)
+        for model in (full, roomy):  # the session's cluster keeps no queue of these
+            keys = (names.request_stream(model, "1"), names.queued_counter(model, "1"))
+            with Redis(port=redis_cluster.primary_of(keys[0]).port) as client:
+                client.delete(*keys)

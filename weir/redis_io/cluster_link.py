@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Hashable
 from dataclasses import dataclass
 from typing import Any
 
@@ -141,6 +142,10 @@ class ClusterLink:
     def slot_of(self, key: str) -> int:
         """The Redis Cluster slot of ``key``."""
         return cluster_slots.slot_of(key)
+
+    def node_of(self, slot: int) -> Hashable:
+        """The primary that serves ``slot`` by the map as last fetched (None before one)."""
+        return self._owners[slot] if self._owners else None
 
     async def call(self, *commands: Command, block_s: float = 0.0) -> list[Any]:
         """Send ``commands`` as a pipeline per node, in order; their replies, in order.

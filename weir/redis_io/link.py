@@ -30,7 +30,7 @@ import asyncio
 import socket
 import ssl
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -84,6 +84,9 @@ def pack_each(commands: Iterable[Command]) -> bytes:
     return b"".join(out)
 
 
+ONE_SERVER = "one server"  # HotLink.node_of of every slot when there is one server
+
+
 class HotLink(Protocol):
     """What the services use of a hot-path link: :class:`Link`, or a cluster's."""
 
@@ -107,6 +110,13 @@ class HotLink(Protocol):
 
     def slot_of(self, key: str) -> int:
         """The Redis Cluster slot of ``key``; 0 for every key on one server."""
+        ...
+
+    def node_of(self, slot: int) -> Hashable:
+        """The server that holds ``slot`` now, for what is kept per server.
+
+        :data:`ONE_SERVER` on one server; None while not known (a cluster before its map).
+        """
         ...
 
 
@@ -233,6 +243,9 @@ class Link:
 
     def slot_of(self, key: str) -> int:
         return 0  # one server: every key on one "slot"
+
+    def node_of(self, slot: int) -> Hashable:
+        return ONE_SERVER
 
     async def refresh(self) -> None:
         return None  # one server: it reconnects by itself
