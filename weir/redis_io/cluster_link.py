@@ -121,9 +121,7 @@ class ClusterLink:
         self._unreachable: set[Address] = set()  # nodes whose connection failed last
         self._refreshing: asyncio.Task[None] | None = None
         self._map_version = 0  # counts the maps fetched
-        # Counts the changes of a slot's primary seen (a failover, or slots moved): the new
-        # one may lack writes the old one acknowledged (gateway.resubmission).
-        self.epoch = 0
+        self.epoch = 0  # slot moves seen (failover, resharding): see gateway.resubmission
         self._backoff = backoff()
 
     async def connect(self) -> None:
