@@ -140,10 +140,11 @@ async def localize(redis: Redis, state: DesiredState, base: Path) -> DesiredStat
 async def _localized(redis: Redis, model: DesiredModel, base: Path) -> DesiredModel:
     digest = model.path.removeprefix(UPLOAD_PREFIX)
     target = model_dir(base, digest, model.name)
-    if not claim(base, digest, model.name):
+    # In a thread: the lock waits out another process's prune, the writes take their time.
+    if not await asyncio.to_thread(claim, base, digest, model.name):
         raw = await redis.hgetall(names.uploaded_files(digest))
         files = {_text(path): as_bytes(data) for path, data in raw.items()}
-        write_tree(base, digest, model.name, files)
+        await asyncio.to_thread(write_tree, base, digest, model.name, files)
     return replace(model, path=str(target))
 
 
