@@ -15,11 +15,13 @@ window is a clear error, never a read past the end of a mapping.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 import re
 import stat
 import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -51,14 +53,15 @@ class Region:
 
     The descriptor stays open so the object's current size can be read before each use. A
     large body's tensors are read in the parse thread while the event loop may unregister the
-    region: the lock keeps the mapping open for a read or write under way, and one that comes
-    after is refused as unregistered.
+    region: a read or write under way keeps the mapping open (the last one out closes it, so
+    nobody waits for another's copy), and one that starts after is refused as unregistered.
     """
 
     def __init__(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self.name, self.key, self.offset, self.byte_size = name, key, offset, byte_size
         self.path = SHM_DIR / key.lstrip("/")
-        self.lock = threading.Lock()
+        self.lock = threading.Lock()  # over closed and users: held for no copy
+        self.users = 0  # reads and writes under way
         self.fd = _open(name, key, self.path)
         try:
             info = os.fstat(self.fd)
@@ -89,23 +92,38 @@ class Region:
         }
 
     def read(self, offset: int, size: int) -> bytes:
-        with self.lock:
-            self._check_live()
-            start = self.skew + offset
+        start = self.skew + offset
+        with self._using():
             return self.mapping[start : start + size]
 
     def write(self, offset: int, data: bytes) -> None:
-        with self.lock:
-            self._check_live()
-            start = self.skew + offset
+        start = self.skew + offset
+        with self._using():
             self.mapping[start : start + len(data)] = data
 
     def close(self) -> None:
         with self.lock:
             if not self.closed:
                 self.closed = True
-                self.mapping.close()
-                os.close(self.fd)
+                if not self.users:
+                    self._release()
+
+    @contextlib.contextmanager
+    def _using(self) -> Iterator[None]:
+        with self.lock:
+            self._check_live()
+            self.users += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.users -= 1
+                if self.closed and not self.users:
+                    self._release()
+
+    def _release(self) -> None:
+        self.mapping.close()
+        os.close(self.fd)
 
     def _check_live(self) -> None:
         """Refuse a region that was unregistered, or whose object was removed or shrank.
