@@ -267,13 +267,16 @@ class MeshClient:
         stream = self.reply_stream
         count, block_ms = self.settings.reply_read_count, self.settings.reply_block_ms
         await self.reply_link.connect()
-        if self.resubmitter.server_changed(await self._servers()):
+        servers = await self._servers()
+        if self.resubmitter.server_changed(servers):
             # Another server: its reply stream may lack entries, or not be there at all
             # (replies never create one), and its entry ids need not follow the last one
             # read. Make it, read it from the start, and queue again what it may have lost.
+            # Should making it fail, the change is still unrecorded and the next read retries.
             raise_errors(await self.reply_link.call(("EVAL", ENSURE_SCRIPT, 1, stream)))
             last_id = b"0-0"
             self.resubmitter.resubmit_all()
+            self.resubmitter.record(servers)
         _, result = raise_errors(
             await self.reply_link.call(
                 ("XTRIM", stream, "MINID", last_id),

@@ -68,16 +68,25 @@ class Resubmitter:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def server_changed(self, servers: tuple[bytes | None, int]) -> bool:
-        """Record the servers behind the mesh; True when they are not the last ones.
+        """True when ``servers`` are not the ones last recorded (:meth:`record`).
 
         ``servers``: the run_id the reply connection reached (None when not known) and the
-        cluster's count of slots that changed primary.
+        cluster's count of slots that changed primary. The first ones seen are recorded.
         """
-        last, self.servers = self.servers, servers
+        last = self.servers
         if last is None:
+            self.servers = servers
             return False
         (last_id, last_epoch), (server_id, epoch) = last, servers
         return epoch != last_epoch or (None not in (last_id, server_id) and server_id != last_id)
+
+    def record(self, servers: tuple[bytes | None, int]) -> None:
+        """The gateway has acted on ``servers`` (its stream made, its requests queued again).
+
+        Recorded only then: a step that fails on the way (the new server not reachable yet
+        by every connection) leaves the change to be seen, and acted on, at the next read.
+        """
+        self.servers = servers
 
     def resubmit_all(self) -> None:
         """Queue every accepted request again, in the background."""

@@ -190,3 +190,29 @@ def test_redis_restarted_empty_loses_no_request(
             server.url, restart_empty, tmp_path, example_repository, build_models
         )
     check(outcomes, window, log)
+
+
+@pytest.mark.timeout(180)
+def test_a_server_change_is_acted_on_even_when_the_first_try_fails(
+    tmp_path: Path, example_repository: Path, build_models: ModuleType
+) -> None:
+    # Redis comes back empty and, at first, refusing every write (past its maxmemory): the
+    # gateway sees another server but cannot make its reply stream there yet. It must try
+    # again, and queue again what it accepted, once it can, not take the change as done.
+    gateway_log = tmp_path / "gateway.log"
+    with RedisServer() as server:
+
+        def restart_refusing(batcher: Popen[bytes]) -> None:
+            batcher.send_signal(signal.SIGSTOP)
+            wait_redis_only(server.port)
+            server.kill()
+            server.maxmemory = "1"
+            server.start()
+            wait_until(lambda: "OOM" in gateway_log.read_text(errors="replace"), 30, "a refusal")
+            with redis.Redis(port=server.port) as client:
+                client.config_set("maxmemory", 0)
+
+        outcomes, window, log = run_through(
+            server.url, restart_refusing, tmp_path, example_repository, build_models
+        )
+    check(outcomes, window, log)
