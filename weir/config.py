@@ -17,9 +17,9 @@ from typing import Any
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from weir import config_parameters as params
 from weir import datatypes
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
-from weir.config_parameters import MAX_INPUT_BYTES, check_max_input_bytes, flatten_parameters
 from weir.config_warmup import ModelWarmup, check_warmup_fields
 from weir.errors import ConfigError
 
@@ -278,7 +278,7 @@ class ModelConfig(_Strict):
             raise ValueError("a model config is a mapping of field names to values")
         raw = dict(raw)
         _pick_backend(raw)
-        raw["parameters"] = flatten_parameters(raw.get("parameters") or {})
+        raw["parameters"] = params.flatten_parameters(raw.get("parameters") or {})
         if raw["backend"] is Backend.ENSEMBLE:
             # A pipeline runs no instances of its own: each step runs in its model's pool.
             raw.setdefault("instance_group", ())
@@ -292,12 +292,17 @@ class ModelConfig(_Strict):
     @property
     def max_input_bytes(self) -> int | None:
         """Weir's ``max_input_bytes`` parameter: the most input bytes one request may carry."""
-        raw = self.parameters.get(MAX_INPUT_BYTES)
+        raw = self.parameters.get(params.MAX_INPUT_BYTES)
         return None if raw is None else int(raw)
+
+    @property
+    def response_timeout_s(self) -> float | None:
+        """Weir's ``response_timeout_s`` parameter: the longest one batch may run."""
+        return params.seconds_or_none(self.parameters, params.RESPONSE_TIMEOUT_S)
 
     @model_validator(mode="after")
     def _consistent(self) -> ModelConfig:
-        check_max_input_bytes(self.parameters.get(MAX_INPUT_BYTES))
+        params.check_parameters(self.parameters)
         _unique_names("input", self.input)
         _unique_names("output", self.output)
         check_ensemble_fields(self)

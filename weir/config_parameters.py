@@ -7,6 +7,9 @@ from typing import Any
 # The most bytes of input one request may carry (413 past it), so one huge request cannot
 # hold an instance that others wait for.
 MAX_INPUT_BYTES = "max_input_bytes"
+# The longest one batch may run on an instance (TorchServe's responseTimeout): past it the
+# batch's requests are answered with an error and the worker exits, for a fresh one.
+RESPONSE_TIMEOUT_S = "response_timeout_s"
 
 
 def flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
@@ -25,3 +28,27 @@ def check_max_input_bytes(raw: str | None) -> None:
     """Refuse a ``max_input_bytes`` that is no whole number of bytes above 0."""
     if raw is not None and not (raw.strip().isdigit() and int(raw) > 0):
         raise ValueError(f"parameter {MAX_INPUT_BYTES} must be a whole number of bytes > 0")
+
+
+def check_response_timeout_s(raw: str | None) -> None:
+    """Refuse a ``response_timeout_s`` that is no number of seconds above 0."""
+    if raw is None:
+        return
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = 0.0
+    if not 0 < seconds < float("inf"):
+        raise ValueError(f"parameter {RESPONSE_TIMEOUT_S} must be a number of seconds > 0")
+
+
+def check_parameters(parameters: dict[str, str]) -> None:
+    """Refuse a value Weir cannot read in the parameters it reads itself."""
+    check_max_input_bytes(parameters.get(MAX_INPUT_BYTES))
+    check_response_timeout_s(parameters.get(RESPONSE_TIMEOUT_S))
+
+
+def seconds_or_none(parameters: dict[str, str], name: str) -> float | None:
+    """A checked parameter's seconds; None when it is not set."""
+    raw = parameters.get(name)
+    return None if raw is None else float(raw)

@@ -262,15 +262,16 @@ class GatewaySettings(ServiceSettings):
         6553500, gt=0, description="largest /predictions body (TorchServe's max_request_size)"
     )
     ts_max_response_size_bytes: int = Field(
-        6553500,
-        gt=0,
-        description="largest /predictions answer (TorchServe's max_response_size)",
+        6553500, gt=0, description="largest /predictions answer (TorchServe's max_response_size)"
     )
     ts_default_workers_per_model: int = Field(
         1,
         ge=0,
         description="instances per worker of an archive registered with no initial_workers "
         "(TorchServe's default_workers_per_model)",
+    )
+    ts_default_response_timeout_s: int = Field(
+        120, gt=0, description="responseTimeout where none is set (default_response_timeout)"
     )
 
     shared_memory_max_regions: int = Field(
@@ -395,4 +396,5 @@ class UpSettings(ServiceSettings):
     ts_max_request_size_bytes: int = Field(6553500, gt=0)
     ts_max_response_size_bytes: int = Field(6553500, gt=0)
     ts_default_workers_per_model: int = Field(1, ge=0)
+    ts_default_response_timeout_s: int = Field(120, gt=0)
     ts_install_requirements: bool = False

@@ -73,6 +73,9 @@ class UpPlan:
                 WEIR_GATEWAY_TS_DEFAULT_WORKERS_PER_MODEL=str(
                     settings.ts_default_workers_per_model
                 ),
+                WEIR_GATEWAY_TS_DEFAULT_RESPONSE_TIMEOUT_S=str(
+                    settings.ts_default_response_timeout_s
+                ),
                 WEIR_WORKER_TS_INSTALL_REQUIREMENTS=str(settings.ts_install_requirements),
             )
         return cls(

@@ -8,15 +8,25 @@ than a trip through one, and hands what the batch produced (an :class:`Outcome`)
 lane's :class:`~workers.write_back.WriteBack`, which writes it and acks the batch; a batch
 that cannot be processed is dead-lettered there too. Draining waits until every batch taken
 is written and acked.
+
+A model with a response timeout (its ``response_timeout_s`` parameter; TorchServe's
+``responseTimeout``) runs every batch in a thread, so the event loop sees one run past it:
+that batch is dead-lettered (each request answered with a 500) and the worker exits, as
+TorchServe restarts a backend worker that stopped answering. A thread cannot be stopped;
+its supervisor (``weir up``, Compose, Kubernetes) starts a fresh worker, and the batches
+the old one held are claimed by live workers, as after any crash.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import NoReturn
 
 from redis.exceptions import RedisError
 
@@ -35,6 +45,8 @@ from workers.execution import BatchRunner
 from workers.write_back import Outcome, WriteBack, decode_requests, failure_reply, phase_totals
 
 logger = logging.getLogger(__name__)
+
+EXIT_STUCK = 3  # the worker's exit status after a batch ran past its response timeout
 
 
 class WorkerLane:
@@ -71,6 +83,8 @@ class WorkerLane:
         self.compute_ewma_ns: int | None = None
         self.wall_ewma_ns: int | None = None
         self.last_batch_s = 0.0  # monotonic time the last batch was written
+        self.response_timeout_s = runners[0].config.response_timeout_s if runners else None
+        self.on_stuck: Callable[[str], NoReturn] = exit_stuck  # past the response timeout
         # On the worker's link (its transactions never block), not the lane's reading one.
         self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
 
@@ -148,7 +162,7 @@ class WorkerLane:
                 if self._inline():
                     outcome = self._process(runner, entry)
                 else:
-                    outcome = await loop.run_in_executor(executor, self._process, runner, entry)
+                    outcome = await self._in_thread(loop, executor, runner, entry)
                 self._observe(outcome)
             except Exception as exc:
                 logger.exception("batch %s of %s cannot be processed", entry.id, self.label)
@@ -160,6 +174,25 @@ class WorkerLane:
                 self.held.discard(entry.id)
                 self.queue.task_done()
                 self.free.release()
+
+    async def _in_thread(
+        self,
+        loop: asyncio.AbstractEventLoop,
+        executor: Executor,
+        runner: BatchRunner,
+        entry: Entry,
+    ) -> Outcome:
+        """The batch's outcome, run in ``executor``; past the response timeout, the exit."""
+        running = loop.run_in_executor(executor, self._process, runner, entry)
+        timeout_s = self.response_timeout_s
+        if timeout_s is None:
+            return await running
+        try:
+            return await asyncio.wait_for(asyncio.shield(running), timeout_s)
+        except TimeoutError:
+            limit = f"response timeout ({timeout_s:g} s)"
+            await self.write_back.dead_letter(entry, f"it ran past the model's {limit}")
+            self.on_stuck(f"a batch of {self.label} ran past its {limit}")
 
     def _inline(self) -> bool:
         """Whether the next batch runs in the event loop rather than an executor thread.
@@ -176,6 +209,8 @@ class WorkerLane:
         """
         settings = self.settings
         if self.compute_ewma_ns is None or self.wall_ewma_ns is None:
+            return False
+        if self.response_timeout_s is not None:  # a thread, so the loop sees it run too long
             return False
         if settings.inline_compute_us == 0 or self.wall_ewma_ns >= settings.inline_block_us * 1000:
             return False
@@ -214,6 +249,18 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def exit_stuck(what: str) -> NoReturn:
+    """End the worker at once: an instance's thread still runs a batch nobody waits for."""
+    logger.critical(
+        "%s and still runs: its requests were answered with an error; this worker exits so "
+        "that a fresh one takes its place (live workers claim the batches it held)",
+        what,
+    )
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_STUCK)
 
 
 def _ewma(recent: int | None, sample: int) -> int:

@@ -69,6 +69,7 @@ async def register(request: Request) -> Response:
             workers=workers or None,
             response_timeout_s=_opt_int(query, "response_timeout"),
             default_workers=state.settings.ts_default_workers_per_model or None,
+            default_response_timeout_s=state.settings.ts_default_response_timeout_s,
         )
         registered = f'Model "{registration.name}" Version: {registration.ts_version}'
         if workers == 0 or (workers is None and not state.settings.ts_default_workers_per_model):

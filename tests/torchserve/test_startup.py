@@ -49,6 +49,7 @@ def test_the_command_line_wins_over_config_properties(
         "load_models=beta.mar\n"
         "max_request_size=1000\n"
         "install_py_dep_per_model=true\n"
+        "default_response_timeout=300\n"
         "job_queue_size=100\n"
     )
     caplog.set_level(logging.WARNING, "weir.torchserve.startup")
@@ -58,8 +59,12 @@ def test_the_command_line_wins_over_config_properties(
     assert settings.ts_management_host == "0.0.0.0"
     assert settings.ts_max_request_size_bytes == 1000
     assert settings.ts_install_requirements is True
+    assert settings.ts_default_response_timeout_s == 300
     assert settings.model_store == store
     assert settings.load_models == ["beta"]
+    # The start archives take it as their response timeout (they set none of their own).
+    config_of_beta = ModelStore(store, settings.repository).describe("beta").versions[0]
+    assert config_of_beta.response_timeout_s == 300
     assert "keys Weir ignores: job_queue_size" in caplog.text
 
 

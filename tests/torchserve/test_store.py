@@ -106,6 +106,21 @@ def test_request_settings_win_over_the_archive_and_properties(store: ModelStore)
     assert (registration.batch_size, registration.max_batch_delay_ms) == (2, 50)
     assert registration.workers == 5
     assert store.describe("configured").versions[0].response_timeout_s == 9
+    assert load_model(store.repository, "configured").config.response_timeout_s == 9
+
+
+def test_the_response_timeout_falls_back_to_default_response_timeout_then_120(
+    store: ModelStore,
+) -> None:
+    # The worker enforces it (workers.lane): the config carries it as a parameter.
+    store.register("noop.mar")
+    assert load_model(store.repository, "noop").config.response_timeout_s == 120
+    store.register("packed.tar.gz", default_response_timeout_s=300)
+    assert store.describe("packed").versions[0].response_timeout_s == 300
+    assert load_model(store.repository, "packed").config.response_timeout_s == 300
+    properties = ModelVersionSettings(response_timeout_s=30)
+    store.register("unpacked", default_response_timeout_s=300, defaults=properties)
+    assert load_model(store.repository, "unpacked").config.response_timeout_s == 30
 
 
 def test_properties_settings_apply_below_the_archive(store: ModelStore) -> None:

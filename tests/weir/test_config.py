@@ -445,3 +445,15 @@ def test_max_input_bytes_is_read_and_must_be_a_positive_byte_count(tmp_path: Pat
     assert load(tmp_path, valid_raw(), name="plain").max_input_bytes is None
     message, _ = config_error(tmp_path, valid_raw(parameters={"max_input_bytes": "-1"}), "bad")
     assert "max_input_bytes must be a whole number of bytes > 0" in message
+
+
+def test_response_timeout_is_read_and_must_be_a_positive_number_of_seconds(
+    tmp_path: Path,
+) -> None:
+    timed = load(tmp_path, valid_raw(parameters={"response_timeout_s": {"string_value": "2.5"}}))
+    assert timed.response_timeout_s == 2.5
+    assert load(tmp_path, valid_raw(), name="plain").response_timeout_s is None
+    for at, bad in enumerate(("0", "-1", "soon", "inf", "nan")):
+        raw = valid_raw(parameters={"response_timeout_s": bad})
+        message, _ = config_error(tmp_path, raw, f"bad{at}")
+        assert "response_timeout_s must be a number of seconds > 0" in message

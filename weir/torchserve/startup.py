@@ -76,6 +76,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_management_host": properties.management_address and properties.management_address.host,
         "metrics_port": properties.metrics_address and properties.metrics_address.port,
         "ts_default_workers_per_model": properties.default_workers_per_model,
+        "ts_default_response_timeout_s": properties.default_response_timeout,
         "ts_max_request_size_bytes": properties.max_request_size,
         "ts_max_response_size_bytes": properties.max_response_size,
         "ts_install_requirements": properties.install_py_dep_per_model,
@@ -115,6 +116,7 @@ def _register(store: ModelStore, settings: UpSettings, properties: TsProperties)
             model.url,
             model_name=model.name,
             default_workers=settings.ts_default_workers_per_model or None,
+            default_response_timeout_s=settings.ts_default_response_timeout_s,
             startup=True,
             defaults=_model_settings(properties, model),
         )

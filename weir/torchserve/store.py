@@ -147,13 +147,15 @@ class ModelStore:
         workers: int | None = None,
         response_timeout_s: int | None = None,
         default_workers: int | None = None,
+        default_response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S,
         startup: bool = False,
         defaults: ModelVersionSettings | None = None,
     ) -> Registration:
         """Register the archive ``url`` (a name or path inside the store) as a model version.
 
         ``defaults``: ``config.properties``' ``models=`` entry for it, below the archive's
-        own ``model-config.yaml``; ``default_workers`` below all (then 1).
+        own ``model-config.yaml``; ``default_workers`` and ``default_response_timeout_s``
+        (``default_response_timeout``) below all.
 
         Raises:
             StoreError: The url is not in the store, or the archive or a setting is bad.
@@ -161,7 +163,8 @@ class ModelStore:
             StoreConflict: The model has this version already.
         """
         asked = requested(batch_size, max_batch_delay_ms, workers, response_timeout_s)
-        layers = (asked, defaults or ModelVersionSettings())
+        fallback = ModelVersionSettings(response_timeout_s=default_response_timeout_s)
+        layers = (asked, defaults or ModelVersionSettings(), fallback)
         candidate = self._candidate(url, model_name, layers, default_workers or 1)
         with self._books.locked():
             record = self._add(candidate, startup)
@@ -261,7 +264,7 @@ class ModelStore:
         self,
         url: str,
         model_name: str | None,
-        layers: tuple[ModelVersionSettings, ModelVersionSettings],
+        layers: tuple[ModelVersionSettings, ...],
         default_workers: int,
     ) -> _Candidate:
         """What registering ``url`` would add, checked before anything is written."""
@@ -273,8 +276,8 @@ class ModelStore:
             raise StoreError(str(exc)) from None
         name = model_name or manifest.model_name or default_model_name(relative)
         _check_name(name)
-        asked, properties = layers
-        layered = (asked, archive_settings(archive, model_yaml), properties)
+        asked, *below = layers  # the archive's own settings come second
+        layered = (asked, archive_settings(archive, model_yaml), *below)
         settings, kind = resolve(layered, default_workers), device_kind(model_yaml)
         version, runtime = manifest.model_version, manifest.runtime
         return _Candidate(name, archive, relative, version, runtime, settings, kind)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from weir.config import Backend, InstanceKind
+from weir.config_parameters import RESPONSE_TIMEOUT_S
 from weir.torchserve import envelope
 from weir.torchserve.properties import ModelVersionSettings
 from weir.torchserve.records import VersionRecord
@@ -141,6 +142,8 @@ def model_config(name: str, settings: VersionSettings, kind: InstanceKind) -> di
         },
         "instance_group": [{"count": settings.min_workers, "kind": kind.value}],
         "version_policy": {"all": {}},
+        # TorchServe's responseTimeout, enforced by the worker (workers.lane).
+        "parameters": {RESPONSE_TIMEOUT_S: str(settings.response_timeout_s)},
         "input": envelope.INPUTS,
         "output": envelope.OUTPUTS,
     }
