@@ -84,7 +84,6 @@ class WorkerLane:
         self.wall_ewma_ns: int | None = None
         self.last_batch_s = 0.0  # monotonic time the last batch was written
         self.response_timeout_s = runners[0].config.response_timeout_s if runners else None
-        self.on_stuck: Callable[[str], NoReturn] = exit_stuck  # past the response timeout
         # On the worker's link (its transactions never block), not the lane's reading one.
         self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
 
@@ -192,7 +191,7 @@ class WorkerLane:
         except TimeoutError:
             limit = f"response timeout ({timeout_s:g} s)"
             await self.write_back.dead_letter(entry, f"it ran past the model's {limit}")
-            self.on_stuck(f"a batch of {self.label} ran past its {limit}")
+            exit_stuck(f"a batch of {self.label} ran past its {limit}")
 
     def _inline(self) -> bool:
         """Whether the next batch runs in the event loop rather than an executor thread.
