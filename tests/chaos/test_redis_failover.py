@@ -83,13 +83,16 @@ def run_through(
             finally:
                 mesh.by_name["batcher"].send_signal(signal.SIGCONT)
             window["back"] = time.monotonic()
-            await asyncio.to_thread(
-                wait_until, lambda: served_after(window["back"]), 30, "recovery"
-            )
-            # Load on until serving is plainly back: check() wants 100 served after it.
-            await asyncio.to_thread(
-                wait_until, lambda: served_after(window["back"], 300), 30, "serving to go on"
-            )
+            try:
+                await asyncio.to_thread(
+                    wait_until, lambda: served_after(window["back"]), 30, "recovery"
+                )
+                # Load on until serving is plainly back: check() wants 100 served after it.
+                await asyncio.to_thread(
+                    wait_until, lambda: served_after(window["back"], 300), 30, "serving to go on"
+                )
+            except pytest.fail.Exception as exc:  # say what the clients and the gateway saw
+                pytest.fail(f"{exc}\n{explain(list(outcomes), window, mesh.log('gateway'))}")
             stop.set()
             await load
 
@@ -100,6 +103,19 @@ def run_through(
     for outcome in (o for o in outcomes if o.status == 200):
         np.testing.assert_allclose(outcome.output, expected[outcome.row], atol=1e-5)
     return outcomes, window, log
+
+
+def explain(outcomes: list[Outcome], window: dict[str, float], log: str) -> str:
+    """The answers so far by status, before and after recovery, and the gateway's last lines."""
+    after = [o for o in outcomes if o.sent_s > window["back"]]
+    before = [o for o in outcomes if o.sent_s <= window["back"]]
+    counts = {
+        label: {
+            status: sum(o.status == status for o in group) for status in {o.status for o in group}
+        }
+        for label, group in (("sent before recovery", before), ("sent after", after))
+    }
+    return f"answers by status: {counts}\ngateway log, last lines:\n{log[-4000:]}"
 
 
 def check(outcomes: list[Outcome], window: dict[str, float], log: str) -> None:
