@@ -10,7 +10,6 @@ comes after them; each counts as ``reason="CANCELED"``.
 from __future__ import annotations
 
 import asyncio
-import textwrap
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -20,9 +19,9 @@ import numpy as np
 import pytest
 import redis
 import tritonclient.grpc as grpcclient
-import yaml
 
 from tests.conftest import Mesh, private_mesh, wait_until
+from tests.sleeper import write_sleeper
 from weir import names
 
 SLEEP_S = 0.25  # each abandoned request would hold the instance this long
@@ -56,20 +55,7 @@ class Sleeps:
 
 
 def write_model(repository: Path) -> Path:
-    version = repository / "sleeper" / "1"
-    version.mkdir(parents=True)
-    (version / "model.py").write_text(textwrap.dedent(HANDLER))
-    config = {
-        "name": "sleeper",
-        "backend": "python",
-        "max_batch_size": 1,
-        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
-        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
-        "dynamic_batching": {},
-        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
-    }
-    (repository / "sleeper" / "config.yaml").write_text(yaml.safe_dump(config))
-    return version / "running"
+    return write_sleeper(repository, HANDLER) / "running"
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ model that sleeps, with one instance, so a second request waits in the batcher's
 
 from __future__ import annotations
 
-import textwrap
 import threading
 import time
 from collections.abc import Iterator
@@ -18,10 +17,10 @@ import grpc
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
-import yaml
 from tritonclient.utils import InferenceServerException
 
 from tests.conftest import Mesh, private_mesh
+from tests.sleeper import write_sleeper
 
 SLEEP_S = 1.5
 GRPC_TEXT = "Deadline Exceeded"  # what grpc's own deadline reports, as a Triton client sees it
@@ -47,20 +46,7 @@ class Sleeps:
 
 
 def write_model(repository: Path) -> None:
-    version = repository / "sleeper" / "1"
-    version.mkdir(parents=True)
-    (version / "model.py").write_text(textwrap.dedent(HANDLER))
-    config = {
-        "name": "sleeper",
-        "backend": "python",
-        "max_batch_size": 1,
-        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
-        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
-        "dynamic_batching": {},
-        "instance_group": [{"kind": "KIND_CPU", "count": 1}],
-        "parameters": {"sleep_s": str(SLEEP_S)},
-    }
-    (repository / "sleeper" / "config.yaml").write_text(yaml.safe_dump(config))
+    write_sleeper(repository, HANDLER, parameters={"sleep_s": str(SLEEP_S)})
 
 
 @pytest.fixture(scope="module")

@@ -8,14 +8,13 @@ its supervisor to replace it (tests/torchserve/test_response_timeout.py has ``we
 
 from __future__ import annotations
 
-import textwrap
 import time
 from pathlib import Path
 
 import httpx
-import yaml
 
 from tests.conftest import private_mesh
+from tests.sleeper import write_sleeper
 from workers.lane import EXIT_STUCK
 
 HANDLER = """
@@ -35,18 +34,8 @@ class Sleeps:
 def test_a_batch_past_the_response_timeout_is_answered_and_its_worker_exits(
     tmp_path: Path,
 ) -> None:
-    version = tmp_path / "models" / "sleeper" / "1"
-    version.mkdir(parents=True)
-    (version / "model.py").write_text(textwrap.dedent(HANDLER))
-    config = {
-        "name": "sleeper",
-        "backend": "python",
-        "max_batch_size": 1,
-        "input": [{"name": "X", "data_type": "TYPE_FP32", "dims": [1]}],
-        "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
-        "parameters": {"response_timeout_s": {"string_value": "1"}},
-    }
-    (version.parent / "config.yaml").write_text(yaml.safe_dump(config))
+    timeout = {"response_timeout_s": {"string_value": "1"}}
+    write_sleeper(tmp_path / "models", HANDLER, parameters=timeout)
     url_of = "{}/v2/models/sleeper/infer"
 
     def infer(url: str, seconds: float) -> httpx.Response:
