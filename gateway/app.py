@@ -33,6 +33,7 @@ from gateway.state import STATE_KEY, GatewayState
 from gateway.torchserve.front import TorchServeFront
 from gateway.torchserve.inference_routes import router as torchserve_inference_router
 from gateway.torchserve.management_routes import router as torchserve_management_router
+from gateway.torchserve.metrics import with_torchserve_names
 from weir import __version__
 from weir.control.mode import ControlMode
 from weir.errors import WeirError
@@ -70,16 +71,20 @@ def create_app(
         mesh = MeshClient(redis, settings, catalog)
         reply_streams = ReplyStreams(redis, mesh.gateway_id, settings.heartbeat_ttl_s)
         await reply_streams.start()
-        registry = CollectorRegistry()
+        # Collectors without names too: a scrape asking for name[] reaches each of them.
+        registry = CollectorRegistry(support_collectors_without_names=True)
+        store = _model_store(settings)
         # Kept as plain numbers when this process's registry is the one scraped; a
         # process of a multi-process gateway writes prometheus-client's shared files.
-        metrics = RequestMetrics(registry, collected=serve_metrics)
+        # Serving TorchServe's APIs, it counts responses too (TorchServe's Requests2XX...).
+        metrics = RequestMetrics(registry, serve_metrics, count_responses=store is not None)
         exporter = None
         if serve_metrics and settings.metrics_port:
             follow = settings.model_control_mode is not ControlMode.NONE
             registry.register(MeshCollector(settings.redis_url, catalog, follow))
+            scraped = registry if store is None else with_torchserve_names(registry, store)
             limits = ScrapeLimits.of(settings)
-            exporter = MetricsServer(registry, settings.host, settings.metrics_port, limits)
+            exporter = MetricsServer(scraped, settings.host, settings.metrics_port, limits)
         tasks = TaskSet()
         tasks.spawn(mesh.read_replies(), "reply reader")
         tasks.spawn(reply_streams.run(), "reply streams")
@@ -97,7 +102,7 @@ def create_app(
         shm = SharedMemoryRegistry(
             settings.shared_memory_max_regions, settings.shared_memory_max_region_bytes
         )
-        front = TorchServeFront(_model_store(settings))
+        front = TorchServeFront(store)
         state = GatewayState(settings, catalog, redis, mesh, metrics, shm, control, front)
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the

@@ -229,6 +229,8 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             await self.flow.drain()
         if exchange.disconnected or self.transport.is_closing():
             return
+        if state.metrics.counts_responses:
+            state.metrics.responded(status)
         head = [STATUS_LINE[status]]
         head.extend(b"%s: %s\r\n" % pair for pair in self.server_state.default_headers)
         head.extend(lines[:-1])
@@ -273,6 +275,9 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         ]
         if status == 503:
             head.append(b"retry-after: 1\r\n")
+        state: GatewayState | None = self.app_state.get(STATE_KEY)
+        if state is not None and state.metrics.counts_responses:
+            state.metrics.responded(status)
         self.transport.write(b"".join([*head, b"\r\n", body]))
         self.transport.close()
 

@@ -57,15 +57,24 @@ class RequestMetrics:
     outcome is observed on them at once.
     """
 
-    def __init__(self, registry: CollectorRegistry, collected: bool = True) -> None:
+    def __init__(
+        self, registry: CollectorRegistry, collected: bool = True, count_responses: bool = False
+    ) -> None:
+        # With ``count_responses``: every HTTP response, by its status class
+        # (weir_http_responses; TorchServe's Requests2XX, 4XX and 5XX derive from it).
+        self.counts_responses = count_responses
         self.failure = Counter(
             "weir_inference_request_failure", "Requests answered with an error",
             (*LABELS, "reason"), registry=registry,
         )  # fmt: skip
-        self._collected = _Collected() if collected else None
+        self._collected = _Collected(count_responses) if collected else None
         if self._collected is not None:
             registry.register(self._collected)
             return
+        self._responses: list[Counter] = []
+        if count_responses:
+            family = Counter(RESPONSES, RESPONSES_HELP, ("status_class",), registry=registry)
+            self._responses = [family.labels(c) for c in STATUS_CLASSES]
         self.success = Counter(
             "weir_inference_request_success", SUCCESS_HELP, LABELS, registry=registry
         )
@@ -99,6 +108,23 @@ class RequestMetrics:
 
     def failed(self, model: str, version: str, reason: str) -> None:
         self.failure.labels(model, version, reason.upper()).inc()
+
+    def responded(self, status: int) -> None:
+        """One HTTP response was sent with ``status`` (only with ``count_responses``)."""
+        index = _status_index(status)
+        if self._collected is not None:
+            self._collected.responses[index] += 1
+        elif self._responses:
+            self._responses[index].inc()
+
+
+RESPONSES = "weir_http_responses"
+RESPONSES_HELP = "HTTP responses sent, by status class"
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+def _status_index(status: int) -> int:
+    return min(max(status // 100 - 1, 0), len(STATUS_CLASSES) - 1)
 
 
 SUCCESS_HELP = "Requests answered with outputs"
@@ -137,8 +163,11 @@ class _Collected:
     as prometheus-client's own values would.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, count_responses: bool) -> None:
         self._models: dict[tuple[str, str], _Model] = {}
+        self.counts_responses = count_responses
+        self.responses = [0] * len(STATUS_CLASSES)
+        self._created = time.time()
 
     def answered(self, model: str, version: str, stamps: dict[str, int]) -> None:
         counts = self._models.get((model, version))
@@ -171,3 +200,8 @@ class _Collected:
                 named = dict(zip(LABELS, labels, strict=True))
                 family.samples.append(Sample(f"{name}_created", named, counts.created))
             yield family
+        if self.counts_responses:
+            responses = CounterMetricFamily(RESPONSES, RESPONSES_HELP, labels=("status_class",))
+            for status_class, count in zip(STATUS_CLASSES, self.responses, strict=True):
+                responses.add_metric([status_class], count, created=self._created)
+            yield responses

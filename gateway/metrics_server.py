@@ -6,6 +6,9 @@ all the scrapes that wait on that render (and reuses it for ``cache_s``), serves
 ``max_scrapes`` at once (503 past it, at once; past twice that many connections a connection
 is closed unanswered), gives a client ``timeout_s`` to send its request, and, when a
 management token is set, asks for it (``Authorization: Bearer``; 401 without).
+
+``?name[]=a&name[]=b`` keeps only the samples named (TorchServe's metrics API and
+prometheus-client's own server take the same); such a scrape is rendered for itself.
 """
 
 from __future__ import annotations
@@ -18,9 +21,11 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from socketserver import ThreadingMixIn
 from typing import Any
+from urllib.parse import parse_qs
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.registry import Collector
 
 from weir.settings import GatewaySettings
 
@@ -49,6 +54,29 @@ class ScrapeLimits:
         )
 
 
+# Counters that Triton and TorchServe name without _total. prometheus-client's text format
+# writes a counter family's HELP and TYPE lines as <name>_total whatever its samples are
+# named; these get their own names back, so a parser types their samples as counters.
+UNSUFFIXED_COUNTERS = (
+    "nv_energy_consumption",
+    "ts_inference_latency_microseconds",
+    "ts_queue_latency_microseconds",
+    "Requests2XX",
+    "Requests4XX",
+    "Requests5XX",
+)
+
+
+def exposition(registry: Collector) -> bytes:
+    """The text format of ``registry``, with :data:`UNSUFFIXED_COUNTERS` named as theirs."""
+    body = generate_latest(registry)
+    for name in UNSUFFIXED_COUNTERS:
+        if name.encode() in body:
+            for line in (b"# HELP ", b"# TYPE "):
+                body = body.replace(line + name.encode() + b"_total ", line + name.encode() + b" ")
+    return body
+
+
 class CachedExposition:
     """The registry's exposition, rendered once for every scrape that waited on that render.
 
@@ -64,12 +92,16 @@ class CachedExposition:
         self.body = b""
         self.began_at = -float("inf")
 
-    def get(self) -> bytes:
+    def get(self, names: list[str] | None = None) -> bytes:
+        """The exposition; with ``names``, of the samples so named only."""
+        if names:
+            with self.lock:
+                return exposition(self.registry.restricted_registry(names))
         arrived = time.monotonic()
         with self.lock:
             if self.began_at < arrived - self.cache_s:
                 began = time.monotonic()
-                self.body = generate_latest(self.registry)
+                self.body = exposition(self.registry)
                 self.began_at = began
             return self.body
 
@@ -93,7 +125,7 @@ class MetricsApp:
             headers = [("Retry-After", "1")]
             return _plain(start_response, "503 Service Unavailable", b"too many scrapes\n", headers)
         try:
-            body = self.exposition.get()
+            body = self.exposition.get(parse_qs(environ.get("QUERY_STRING", "")).get("name[]"))
         finally:
             self.slots.release()
         start_response("200 OK", [("Content-Type", CONTENT_TYPE_LATEST)])

@@ -36,10 +36,12 @@ from gateway.fastpath import InferFastPath
 from gateway.http_protocol import HttpLimits, protocol_class
 from gateway.metrics_server import ScrapeLimits
 from gateway.paths import RawPathGuard
-from gateway.torchserve.ports import ManagementPort
+from gateway.torchserve.metrics import with_torchserve_names
+from gateway.torchserve.ports import CountResponses, ManagementPort
 from weir.control.mode import ControlMode
 from weir.repository import ModelEntry, Repository
 from weir.settings import GatewaySettings
+from weir.torchserve.store import ModelStore
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +78,8 @@ def _server(settings: GatewaySettings, serve_metrics: bool) -> _Server:
     if management_port(settings):
         served = ManagementPort(served, settings.ts_management_port)
     served = RawPathGuard(served)
+    if settings.model_store is not None:
+        served = CountResponses(served)
     return _Server(_config(settings, served), drain_hooks)
 
 
@@ -185,7 +189,7 @@ def _startup_models(settings: GatewaySettings) -> Repository | list[ModelEntry]:
 def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
     if not settings.metrics_port:
         return None
-    registry = CollectorRegistry()
+    registry = CollectorRegistry(support_collectors_without_names=True)  # for name[]
     MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     registry.register(
         MeshCollector(
@@ -194,4 +198,7 @@ def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:
             follow=settings.model_control_mode is not ControlMode.NONE,
         )
     )
+    if settings.model_store is not None:
+        store = ModelStore(settings.model_store, settings.repository)
+        registry = with_torchserve_names(registry, store)
     return MetricsServer(registry, settings.host, settings.metrics_port, ScrapeLimits.of(settings))

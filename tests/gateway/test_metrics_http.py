@@ -58,6 +58,26 @@ def test_metrics_count_requests_phases_and_batches(mesh: Mesh) -> None:
     assert ("weir_inference_pending_request_count", tuple(sorted(LABELS.items()))) in after
 
 
+def test_name_filters_keep_only_the_series_named(mesh: Mesh) -> None:
+    import numpy as np
+
+    body = tiny_body(np.ones(64, dtype=np.float32))
+    assert httpx.post(f"{mesh.url}/v2/models/tiny_mlp/infer", json=body).status_code == 200
+    wanted = {
+        "weir_inference_request_success_total",  # the gateway's own, kept as plain numbers
+        "weir_inference_pending_request_count",  # the mesh's, read from Redis when scraped
+        "weir_inference_queue_duration_us_sum",
+    }
+    query = "&".join(f"name[]={name}" for name in sorted(wanted))
+    found = samples(f"{mesh.metrics_url}?{query}")
+    assert {name for name, _ in found} == wanted
+    assert value(found, "weir_inference_request_success_total") >= 1
+    assert (
+        "weir_inference_request_success_total"
+        not in httpx.get(f"{mesh.metrics_url}?name[]=nothing_by_that_name", timeout=10).text
+    )
+
+
 @pytest.mark.timeout(90)
 def test_multi_process_gateway_serves_and_aggregates_metrics(
     tmp_path: Path, example_repository: Path
