@@ -3,8 +3,9 @@
 ``CPUUtilization`` is the share of the CPU time busy since the previous scrape (since boot
 at the first), as psutil's ``cpu_percent()`` is, which TorchServe calls. ``MemoryUsed`` is
 the total less what is available (megabytes), ``MemoryUtilization`` that as a percentage;
-the disk gauges are the root file system's (gigabytes, percent). A value that cannot be
-read on this system is left out rather than shown as 0.
+the disk gauges are the root file system's (gigabytes, percent). Percentages have one
+decimal, as psutil's. A value that cannot be read on this system is left out rather than
+shown as 0.
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class HostSampler:
             (
                 "MemoryUtilization",
                 "Memory used, percent",
-                None if used_mib is None or not total_mib else used_mib / total_mib * 100,
+                None if used_mib is None or not total_mib else round(used_mib / total_mib * 100, 1),
             ),
             (
                 "DiskUsage",
