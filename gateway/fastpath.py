@@ -1,11 +1,14 @@
-"""The inference fast path: ``POST .../infer`` served straight from ASGI.
+"""The inference fast path: ``POST .../infer`` and TorchServe's predictions, straight from ASGI.
 
 Most infer requests never reach ASGI: the HTTP protocol answers them itself
 (:mod:`gateway.direct_infer`). Those it hands on (an escaped path, ``Expect:
 100-continue``, a request pipelined behind another) skip FastAPI's router, dependency
-injection and middleware stack here. Everything
-else (health, metadata, statistics, OpenAPI) still goes to the FastAPI app, which also
-describes the infer route. Authentication, error shapes and metrics are the same on both.
+injection and middleware stack here. So do TorchServe's ``POST``/``PUT``
+``/predictions/{m}[/{v}]`` and ``/explanations/...``: FastAPI's stack and its matching of
+every route cost a prediction twice what the prediction itself costs the gateway.
+Everything else (health, metadata, statistics, management, OpenAPI) still goes to the
+FastAPI app, which also describes these routes. Authentication, error shapes and metrics
+are the same on both.
 """
 
 from __future__ import annotations
@@ -22,11 +25,15 @@ from gateway.auth import check_token
 from gateway.errors import error_response
 from gateway.inference import run_infer
 from gateway.state import gateway_state
+from gateway.torchserve.inference_routes import guarded_prediction
 from weir.errors import WeirError
 
 logger = logging.getLogger(__name__)
 
 INFER_PATH = re.compile(r"^/v2/models/(?P<model>[^/]+)(?:/versions/(?P<version>[^/]+))?/infer$")
+PREDICTION_PATH = re.compile(
+    r"^/(?P<kind>predictions|explanations)/(?P<model>[^/]+)(?:/(?P<version>[^/]+))?$"
+)
 
 
 class InferFastPath:
@@ -36,10 +43,20 @@ class InferFastPath:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST":
-            match = INFER_PATH.match(scope["path"])
+        if scope["type"] == "http" and scope["method"] in ("POST", "PUT"):
+            path = scope["path"]
+            match = INFER_PATH.match(path) if scope["method"] == "POST" else None
             if match:
                 response = await self._infer(Request(scope, receive), match)
+                await response(scope, receive, send)
+                return
+            match = PREDICTION_PATH.match(path)
+            if match:
+                explain = match["kind"] == "explanations"
+                request = Request(scope, receive)
+                response = await guarded_prediction(
+                    request, match["model"], match["version"], explain
+                )
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)

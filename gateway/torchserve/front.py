@@ -31,14 +31,14 @@ class TorchServeFront:
         self._models: frozenset[str] = frozenset()
         self._versions: dict[tuple[str, str | None], str] = {}
 
-    def registered(self, model: str) -> bool:
-        """Whether ``model`` is a model of the store."""
-        return model in self._current()
-
     def weir_version(self, model: str, version: str | None) -> str | None:
         """The Weir version a TorchServe request for ``model`` (``version``) goes to."""
+        return self.lookup(model, version)[1]
+
+    def lookup(self, model: str, version: str | None) -> tuple[bool, str | None]:
+        """Whether ``model`` is the store's, and :meth:`weir_version`: one look at the store."""
         if self.store is None or model not in self._current():
-            return version
+            return False, version
         found = self._versions.get((model, version))
         if found is None:
             try:
@@ -46,7 +46,7 @@ class TorchServeFront:
             except StoreError as exc:
                 raise NotFound(shown(str(exc))) from None
             self._versions[(model, version)] = found
-        return found
+        return True, found
 
     def _current(self) -> frozenset[str]:
         if self.store is None:

@@ -10,6 +10,7 @@ headers the handler gave it. Errors are in TorchServe's shape
 from __future__ import annotations
 
 import functools
+import logging
 
 import numpy as np
 from fastapi import APIRouter, Request, Response
@@ -21,7 +22,7 @@ from gateway.health import ready_when, serves_all
 from gateway.inference import execute, read_body
 from gateway.state import GatewayState, gateway_state
 from gateway.torchserve.requests import ts_request
-from gateway.torchserve.responses import status_response, weir_error_response
+from gateway.torchserve.responses import error_response, status_response, weir_error_response
 from weir import datatypes
 from weir.config import Backend
 from weir.errors import BodyTooLarge, NotFound, Unavailable, WeirError
@@ -30,6 +31,7 @@ from weir.tensors import Tensor
 from weir.torchserve import envelope
 from weir.wire import InferReply
 
+logger = logging.getLogger(__name__)
 router = APIRouter()
 METHODS = ["POST", "PUT"]
 ANSWER = (envelope.RESPONSE, envelope.STATUS, envelope.HEADERS)
@@ -52,28 +54,39 @@ async def ping(request: Request) -> Response:
 @router.api_route("/predictions/{model}", methods=METHODS)
 @router.api_route("/predictions/{model}/{version}", methods=METHODS)
 async def predictions(request: Request, model: str, version: str | None = None) -> Response:
-    return await _guarded(request, model, version, explain=False)
+    return await guarded_prediction(request, model, version, explain=False)
 
 
 @router.api_route("/explanations/{model}", methods=METHODS)
 @router.api_route("/explanations/{model}/{version}", methods=METHODS)
 async def explanations(request: Request, model: str, version: str | None = None) -> Response:
-    return await _guarded(request, model, version, explain=True)
+    return await guarded_prediction(request, model, version, explain=True)
 
 
-async def _guarded(request: Request, model: str, version: str | None, explain: bool) -> Response:
+async def guarded_prediction(
+    request: Request, model: str, version: str | None, explain: bool
+) -> Response:
+    """A prediction (or explanation), any failure answered in TorchServe's error shape.
+
+    Reached straight from ASGI (:mod:`gateway.fastpath`); the routes above describe it and
+    serve what the fast path hands on.
+    """
     try:
         check_token(request, Scope.INFERENCE)
         return await predict(request, model, version, explain)
     except WeirError as exc:
         return weir_error_response(exc)
+    except Exception:
+        logger.exception("prediction failed")
+        return error_response(500, "internal error in the gateway", "InternalServerException")
 
 
 async def predict(request: Request, model: str, version: str | None, explain: bool) -> Response:
     """One TorchServe prediction; WeirError for any failure."""
     state = gateway_state(request)
-    entry, weir_version = resolve(state, model, version)
-    await _check_served(state, entry, weir_version)
+    entry, weir_version, registered = resolve(state, model, version)
+    if registered:
+        await _check_served(state, entry, weir_version)
     try:
         raw = await read_body(request, state.settings.ts_max_request_size_bytes)
         element = _element(entry, await ts_request(request, raw, explain))
@@ -87,13 +100,14 @@ async def predict(request: Request, model: str, version: str | None, explain: bo
     return response
 
 
-def resolve(state: GatewayState, model: str, version: str | None) -> tuple[ModelEntry, str]:
-    """The archive's model and the Weir version a request for it goes to.
+def resolve(state: GatewayState, model: str, version: str | None) -> tuple[ModelEntry, str, bool]:
+    """The archive's model, the Weir version a request goes to, and whether it is the store's.
 
-    A model of the store that is registered and not loaded (0 workers) is TorchServe's 503.
+    One look at the store's records per request. A model of the store that is registered
+    and not loaded (0 workers) is TorchServe's 503.
     """
-    weir_version = state.torchserve.weir_version(model, version)
-    if model not in state.repository.models and state.torchserve.registered(model):
+    registered, weir_version = state.torchserve.lookup(model, version)
+    if model not in state.repository.models and registered:
         raise Unavailable(_NO_WORKER.format(model=shown(model)))
     try:
         entry, weir_version = state.repository.resolve(model, weir_version)
@@ -108,14 +122,12 @@ def resolve(state: GatewayState, model: str, version: str | None) -> tuple[Model
             f"Model not found: {shown(model)} (it is no TorchServe archive: ask it through "
             f"/v2/models/{shown(model)}/infer)"
         )
-    return entry, weir_version
+    return entry, weir_version, registered
 
 
 async def _check_served(state: GatewayState, entry: ModelEntry, version: str) -> None:
     """A model of the store that no live worker runs is TorchServe's 503, at once."""
-    if not state.torchserve.registered(entry.name) or state.catalog.view.serves(
-        entry.name, version
-    ):
+    if state.catalog.view.serves(entry.name, version):
         return
     # The control loop's view may be a refresh old: ask the workers' heartbeats themselves.
     if not await ready_when(state, lambda served: (entry.name, version) in served):

@@ -157,6 +157,21 @@ def test_a_json_body_reaches_the_handler_parsed(ts_mesh: tuple[Mesh, str]) -> No
     assert answer["explain"] == "False"
 
 
+def test_put_and_versioned_paths_answer_as_post_and_other_methods_are_refused(
+    ts_mesh: tuple[Mesh, str],
+) -> None:
+    mesh, _ = ts_mesh
+    put = httpx.put(f"{mesh.url}/predictions/echo/1.0", content=b"put it", timeout=30)
+    assert put.status_code == 200, put.text
+    assert put.json()["echo"] == "put it"
+    explained = httpx.put(f"{mesh.url}/explanations/echo/1.0", content=b"why", timeout=30)
+    assert explained.status_code == 200, explained.text
+    assert explained.json()["explain"] == "True"
+    # Only POST and PUT predict; the app's routes answer the rest.
+    assert httpx.get(f"{mesh.url}/predictions/echo", timeout=30).status_code == 405
+    assert httpx.post(f"{mesh.url}/predictions/echo/1.0/more", timeout=30).status_code == 404
+
+
 def test_form_files_and_query_parameters_reach_the_handler(ts_mesh: tuple[Mesh, str]) -> None:
     mesh, _ = ts_mesh
     response = httpx.post(
