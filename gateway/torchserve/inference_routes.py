@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import logging
 
-import numpy as np
 from fastapi import APIRouter, Request, Response
 
 from gateway.auth import Scope, check_token
@@ -139,10 +138,11 @@ def _wanted() -> list[RequestedOutput]:
 
 
 def _element(entry: ModelEntry, request: envelope.TsRequest) -> Tensor:
+    # One BYTES element, serialized as such: no object array on the way.
     shape = (1, 1) if entry.config.max_batch_size > 0 else (1,)
-    array = np.empty(shape, dtype=object)
-    array.reshape(-1)[0] = envelope.pack_request(request)
-    return Tensor.from_numpy(array, datatypes.BYTES)
+    return Tensor(
+        datatypes.BYTES, shape, datatypes.serialize_bytes([envelope.pack_request(request)])
+    )
 
 
 def _answer(state: GatewayState, reply: InferReply) -> Response:
@@ -158,4 +158,6 @@ def _answer(state: GatewayState, reply: InferReply) -> Response:
 
 
 def _first(tensor: Tensor) -> bytes:
+    if tensor.datatype == datatypes.BYTES:
+        return datatypes.deserialize_bytes(tensor.data)[0]
     return bytes(tensor.to_numpy().reshape(-1)[0])
