@@ -53,8 +53,8 @@ class InferExchange:
     """
 
     __slots__ = (
-        "_chunks", "_decoder", "_error", "_received", "answering", "disconnected", "headers",
-        "keep_alive", "model", "response_complete", "version",
+        "_chunks", "_decoder", "_error", "_limit", "_received", "answering", "disconnected",
+        "headers", "keep_alive", "model", "response_complete", "version",
     )  # fmt: skip
 
     def __init__(
@@ -71,9 +71,15 @@ class InferExchange:
         self._received = 0
         self._decoder: BoundedDecoder | None = None
         self._error: WeirError | None = None
+        self._limit = 0
+
+    def body_limit(self, state: GatewayState) -> int:
+        """The largest body this request may have."""
+        return state.settings.body_limit_bytes
 
     def start(self, limit_bytes: int) -> bool:
         """Check what the head says of the body before any of it is read; False: refused."""
+        self._limit = limit_bytes
         try:
             coding = compression.request_coding(self.headers.get(b"content-encoding"))
             if coding != Coding.IDENTITY:
@@ -93,7 +99,7 @@ class InferExchange:
         """
         if self._error is not None:
             return False
-        limit_bytes = state.settings.body_limit_bytes
+        limit_bytes = self._limit
         self._received += len(chunk)
         try:
             if self._received > limit_bytes:
@@ -156,12 +162,13 @@ def _error(message: str, headers: dict[str, str]) -> list[bytes]:
 
 
 def exchange_for(
+    method: bytes,
     url: bytes,
     raw_headers: list[tuple[bytes, bytes]],
     keep_alive: bool,
 ) -> InferExchange | None:
     """An exchange for an infer request the protocol can answer itself, else None."""
-    match = INFER_TARGET.fullmatch(url) if url.isascii() else None
+    match = INFER_TARGET.fullmatch(url) if method == b"POST" and url.isascii() else None
     if match is None:
         return None
     headers = {name: value.decode("latin-1") for name, value in raw_headers if name in _WANTED}

@@ -18,7 +18,8 @@ never finish a request. This protocol adds, before anything reaches the app (or 
 Each request's scope also carries the connection's :class:`~gateway.disconnect.Disconnect`,
 so an inference whose client left is cancelled at once rather than computed for nobody.
 
-A plain ``POST .../infer`` is answered here, without ASGI (:mod:`gateway.direct_infer`).
+A plain ``POST .../infer`` is answered here, without ASGI (:mod:`gateway.direct_infer`), and
+so is a plain TorchServe prediction (:mod:`gateway.torchserve.direct_predictions`).
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ from gateway.coalesced_writes import CoalescedWrites
 from gateway.direct_infer import InferExchange, exchange_for
 from gateway.disconnect import SCOPE_KEY, Disconnect
 from gateway.state import STATE_KEY, GatewayState
+from gateway.torchserve.direct_predictions import prediction_exchange
 
+_TAKEN = (b"POST", b"PUT")  # KServe's infer (POST) and TorchServe's predictions (POST, PUT)
 REASONS = {
     408: b"Request Timeout",
     431: b"Request Header Fields Too Large",
@@ -165,16 +168,19 @@ class LimitedHttpProtocol(HttpToolsProtocol):
     def _take_infer(self, state: GatewayState) -> bool:
         """Answer the request here when it is a plain infer request (see the module)."""
         parser = self.parser
-        if parser.get_method() != b"POST" or self.expect_100_continue or parser.should_upgrade():
+        method = parser.get_method()
+        if method not in _TAKEN or self.expect_100_continue or parser.should_upgrade():
             return False
         if self.cycle is not None and not self.cycle.response_complete:
             return False  # pipelined behind a request not yet answered: uvicorn queues it
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        exchange = exchange_for(self.url, self.headers, keep_alive)
+        exchange = exchange_for(method, self.url, self.headers, keep_alive) or prediction_exchange(
+            method, self.url, self.headers, keep_alive
+        )
         if exchange is None:
             return False
         self.cycle = exchange  # type: ignore[assignment]
-        if not exchange.start(state.settings.body_limit_bytes):
+        if not exchange.start(exchange.body_limit(state)):
             self._answer(exchange, state)  # refused by its head: answered before its body
         return True
 

@@ -11,8 +11,11 @@ from __future__ import annotations
 
 import functools
 import logging
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
 
 from fastapi import APIRouter, Request, Response
+from starlette.datastructures import Headers
 
 from gateway.auth import Scope, check_token
 from gateway.codec import InferBody, RequestedOutput
@@ -83,20 +86,61 @@ async def guarded_prediction(
 async def predict(request: Request, model: str, version: str | None, explain: bool) -> Response:
     """One TorchServe prediction; WeirError for any failure."""
     state = gateway_state(request)
-    entry, weir_version, registered = resolve(state, model, version)
+    limit = state.settings.ts_max_request_size_bytes
+    answer = await prediction(
+        state,
+        Prediction(model, version, explain, request.headers, request.scope["query_string"]),
+        functools.partial(read_body, request, limit),
+        functools.partial(follow, request.scope),
+    )
+    return Response(answer.content, status_code=answer.status, headers=answer.headers)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    """What a prediction request says besides its body."""
+
+    model: str
+    version: str | None
+    explain: bool
+    headers: Headers
+    query: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    """The handler's answer: its status, headers and bytes."""
+
+    status: int
+    headers: dict[str, str]
+    content: bytes
+
+
+async def prediction(
+    state: GatewayState,
+    asked: Prediction,
+    read: Callable[[], Awaitable[bytes]],
+    followed: Callable[[Awaitable[InferReply]], Awaitable[InferReply]],
+) -> Answer:
+    """One TorchServe prediction, however it arrived; WeirError for any failure.
+
+    ``read`` gives the body (refusing one past ``max_request_size``); ``followed`` awaits
+    the reply, cancelled when the client leaves.
+    """
+    entry, weir_version, registered = resolve(state, asked.model, asked.version)
     if registered:
         await _check_served(state, entry, weir_version)
     try:
-        raw = await read_body(request, state.settings.ts_max_request_size_bytes)
-        element = _element(entry, await ts_request(request, raw, explain))
-        body = InferBody({envelope.TS_REQUEST: element}, _wanted())
-        reply = await follow(request.scope, execute(state, entry, weir_version, body))
-        response = _answer(state, reply)
+        raw = await read()
+        request = await ts_request(asked.headers, asked.query, raw, asked.explain)
+        body = InferBody({envelope.TS_REQUEST: _element(entry, request)}, _wanted())
+        reply = await followed(execute(state, entry, weir_version, body))
+        answer = _answer(state, reply)
     except WeirError as exc:
         state.metrics.failed(entry.name, weir_version, exc.kind)
         raise
     state.metrics.answered(entry.name, weir_version, reply)
-    return response
+    return answer
 
 
 def resolve(state: GatewayState, model: str, version: str | None) -> tuple[ModelEntry, str, bool]:
@@ -145,7 +189,7 @@ def _element(entry: ModelEntry, request: envelope.TsRequest) -> Tensor:
     )
 
 
-def _answer(state: GatewayState, reply: InferReply) -> Response:
+def _answer(state: GatewayState, reply: InferReply) -> Answer:
     content = _first(reply.outputs[envelope.RESPONSE])
     limit = state.settings.ts_max_response_size_bytes
     if len(content) > limit:
@@ -154,7 +198,7 @@ def _answer(state: GatewayState, reply: InferReply) -> Response:
         )
     status = int(reply.outputs[envelope.STATUS].to_numpy().reshape(-1)[0])
     headers = envelope.unpack_headers(_first(reply.outputs[envelope.HEADERS]))
-    return Response(content, status_code=status, headers=headers)
+    return Answer(status, headers, content)
 
 
 def _first(tensor: Tensor) -> bytes:

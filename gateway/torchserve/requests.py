@@ -11,9 +11,8 @@ from __future__ import annotations
 
 from collections.abc import AsyncGenerator
 
-from starlette.datastructures import UploadFile
+from starlette.datastructures import Headers, QueryParams, UploadFile
 from starlette.formparsers import FormParser, MultiPartException, MultiPartParser
-from starlette.requests import Request
 
 from weir.errors import InvalidInput
 from weir.torchserve.envelope import Parameter, TsRequest
@@ -23,29 +22,29 @@ URLENCODED = "application/x-www-form-urlencoded"
 MAX_FORM_PARTS = 1000
 
 
-def media_type(request: Request) -> str:
+def media_type(headers: Headers) -> str:
     """The request's media type without its parameters (``charset``, ``boundary``)."""
-    return request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    return headers.get("content-type", "").split(";", 1)[0].strip().lower()
 
 
-async def ts_request(request: Request, body: bytes, explain: bool) -> TsRequest:
-    """The TorchServe request ``request`` (whose body is ``body``) makes."""
-    parameters = [Parameter(k, "", v.encode()) for k, v in request.query_params.multi_items()]
-    kind = media_type(request)
+async def ts_request(headers: Headers, query: bytes, body: bytes, explain: bool) -> TsRequest:
+    """The TorchServe request an HTTP request of these headers, query string and body makes."""
+    parameters = [Parameter(k, "", v.encode()) for k, v in QueryParams(query).multi_items()]
+    kind = media_type(headers)
     if kind in (MULTIPART, URLENCODED):
-        parameters.extend(await _form(request, body, kind))
+        parameters.extend(await _form(headers, body, kind))
     else:
         parameters.append(Parameter("body", kind, body))
-    headers = dict(request.headers.items())
-    headers["explain"] = "True" if explain else "False"
-    return TsRequest(parameters, headers)
+    handed = dict(headers.items())
+    handed["explain"] = "True" if explain else "False"
+    return TsRequest(parameters, handed)
 
 
-async def _form(request: Request, body: bytes, kind: str) -> list[Parameter]:
+async def _form(headers: Headers, body: bytes, kind: str) -> list[Parameter]:
     try:
         if kind == MULTIPART:
             parser = MultiPartParser(
-                request.headers,
+                headers,
                 _once(body),
                 max_files=MAX_FORM_PARTS,
                 max_fields=MAX_FORM_PARTS,
@@ -53,7 +52,7 @@ async def _form(request: Request, body: bytes, kind: str) -> list[Parameter]:
             )
             form = await parser.parse()
         else:
-            form = await FormParser(request.headers, _once(body)).parse()
+            form = await FormParser(headers, _once(body)).parse()
     except MultiPartException as exc:
         raise InvalidInput(f"malformed form data: {exc.message}") from None
     parameters = []
