@@ -16,6 +16,9 @@ from bench.variants import Runtime, served_name
 WEIR = "weir"
 BASELINE = "baseline"
 TORCHSERVE = "torchserve"
+# Weir serving TorchServe's archives through /predictions: `weir up --ts-config` on the
+# TorchServe peer's own config.properties and archives.
+WEIR_ARCHIVES = "weir-archives"
 TORCH = Runtime.TORCH.value
 
 # raw[name] is the list of {"batch_size", "batch_ms", "samples_per_s"} from bench.raw, by

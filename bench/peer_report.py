@@ -50,30 +50,36 @@ def _pair_row(model: str, concurrency: int, weir: Point | None, peer: Point | No
     ]
 
 
-def _model_rows(points: list[Point], model: str) -> list[list[Any]]:
-    weir = {p.concurrency: p for p in select(points, WEIR, model, TORCH)}
+def _model_rows(points: list[Point], model: str, server: str = WEIR) -> list[list[Any]]:
+    weir = {p.concurrency: p for p in select(points, server, model, TORCH)}
     peer = {p.concurrency: p for p in select(points, TORCHSERVE, model, TORCH)}
     return [_pair_row(model, c, weir.get(c), peer.get(c)) for c in sorted({*weir, *peer})]
 
 
-def peer_summary(points: list[Point], model: str) -> dict[str, float]:
-    """Weir's and TorchServe's peak req/s for a torch model, and their ratio (0: no peer)."""
-    weir, peer = peak(points, WEIR, model), peak(points, TORCHSERVE, model)
+def peer_summary(points: list[Point], model: str, server: str = WEIR) -> dict[str, float]:
+    """Weir's and TorchServe's peak req/s for a torch model, and their ratio (0: no peer).
+
+    ``server``: which Weir (its own configs, or TorchServe's archives: WEIR_ARCHIVES).
+    """
+    weir, peer = peak(points, server, model), peak(points, TORCHSERVE, model)
     ratio = weir / peer if peer else 0.0
     return {"weir_peak": weir, "torchserve_peak": peer, "weir_over_torchserve": ratio}
 
 
-def peer_table(points: list[Point], models: list[str]) -> list[str]:
-    """Per torch model and concurrency, Weir beside TorchServe; [] when TorchServe did not run."""
-    chosen = [m for m in models if select(points, TORCHSERVE, m, TORCH)]
+def peer_table(points: list[Point], models: list[str], server: str = WEIR) -> list[str]:
+    """Per torch model and concurrency, Weir (``server``) beside TorchServe; [] when either
+    did not run."""
+    chosen = [
+        m for m in models if select(points, TORCHSERVE, m, TORCH) and select(points, server, m)
+    ]
     if not chosen:
         return []
     header = ["model", "concurrency", "Weir req/s", "TorchServe req/s", "Weir / TorchServe"]
     header += ["Weir p50 / p99 ms", "TorchServe p50 / p99 ms", "Weir CPU µs/req"]
     header.append("TorchServe CPU µs/req")
-    rows = [row for m in chosen for row in _model_rows(points, m)]
+    rows = [row for m in chosen for row in _model_rows(points, m, server)]
     for m in chosen:
-        s = peer_summary(points, m)
+        s = peer_summary(points, m, server)
         peaks = [f"**{s['weir_peak']:.0f}**", f"**{s['torchserve_peak']:.0f}**"]
         rows.append([m, "peak", *peaks, f"**{s['weir_over_torchserve']:.2f}x**", "", "", "", ""])
     return _table(header, rows)

@@ -3,6 +3,11 @@
 Both serve the torch models only (the example's ``model.pt``), so they run when the run
 measures torch. The baseline needs nothing but this venv; TorchServe needs Java and its own
 venv (:mod:`bench.torchserve`), made on the first run that asks for it.
+
+``weir-archives`` is Weir as a TorchServe user runs it: ``weir up --ts-config`` on the
+TorchServe peer's own ``config.properties`` and archives, asked through ``/predictions``.
+It needs the TorchServe venv (its archiver) but not Java; beside ``torchserve`` it shows
+what moving the same archives from TorchServe to Weir does.
 """
 
 from __future__ import annotations
@@ -10,14 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from bench.analysis import BASELINE, TORCHSERVE
+from bench.analysis import BASELINE, TORCHSERVE, WEIR_ARCHIVES
 from bench.servers import ROOT, ServerProcess, baseline_server
 from bench.torchserve import ensure_java, ensure_venv, read_settings, settings_record
-from bench.torchserve_server import torchserve_server
+from bench.torchserve_server import torchserve_server, weir_archives_server
 from weir.redis_server import free_port
 
-PEERS = (BASELINE, TORCHSERVE)
-DEFAULT_PEERS = ",".join(PEERS)
+PEERS = (BASELINE, TORCHSERVE, WEIR_ARCHIVES)
+DEFAULT_PEERS = f"{BASELINE},{TORCHSERVE}"
 # One venv for every run, whatever its --out: it takes a minute and a GiB to make.
 VENV = ROOT / "bench" / "results" / "torchserve-venv"
 
@@ -35,6 +40,7 @@ def prepare_peers(peers: list[str]) -> None:
     """Install what the peers need before anything is measured: Java, TorchServe's venv."""
     if TORCHSERVE in peers:
         ensure_java()
+    if TORCHSERVE in peers or WEIR_ARCHIVES in peers:
         ensure_venv(VENV)
 
 
@@ -60,3 +66,12 @@ class PeerFactory:
         self.record[TORCHSERVE] = settings_record(models)
         log = self.out / "logs" / "torchserve.log"
         return torchserve_server(VENV, self.repository, models, self.out / TORCHSERVE, log)
+
+    def weir_archives(self, worker_threads: int) -> ServerProcess:
+        """Weir on the archives and ``config.properties`` TorchServe gets (a work directory
+        of its own, so the two never share a model store)."""
+        models = read_settings(self.repository, self.models, worker_threads)
+        work_dir = self.out / WEIR_ARCHIVES
+        log = self.out / "logs" / f"{WEIR_ARCHIVES}.log"
+        torchserve_server(VENV, self.repository, models, work_dir, log)  # its files only
+        return weir_archives_server(work_dir, log)

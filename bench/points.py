@@ -9,7 +9,7 @@ from pathlib import Path
 
 import redis
 
-from bench.analysis import BASELINE, TORCH, WEIR, Point
+from bench.analysis import BASELINE, TORCH, WEIR, WEIR_ARCHIVES, Point
 from bench.cpu import CpuMark
 from bench.redis_cost import RedisMark
 from bench.servers import ServerProcess, batch_counts, http_post
@@ -127,7 +127,7 @@ class PointRunner:
         """Weir's counters; the baseline runs every request alone; None: not known."""
         if contender.server.name == BASELINE:
             return (0, 0)
-        if contender.server.name != WEIR:
+        if contender.server.name not in (WEIR, WEIR_ARCHIVES):
             return None  # TorchServe reports no batch sizes
         return batch_counts(contender.server, served_name(model, contender.runtime))
 

@@ -11,6 +11,7 @@ from bench.analysis import (
     TORCH,
     TORCHSERVE,
     WEIR,
+    WEIR_ARCHIVES,
     Point,
     Raw,
     Target,
@@ -70,6 +71,7 @@ def points_table(points: list[Point], raw: Raw, served: Served) -> list[str]:
     rows = []
     for model in _models(served):
         chosen = select(points, BASELINE, model) + select(points, TORCHSERVE, model)
+        chosen += select(points, WEIR_ARCHIVES, model)
         chosen += [p for m, r in served if m == model for p in select(points, WEIR, model, r)]
         rows += [_point_row(p, raw) for p in chosen]
     return _table(header, rows)
@@ -207,6 +209,16 @@ def markdown(record: dict[str, Any], points: list[Point], found: list[Target]) -
     if peers:
         lines += ["Weir against TorchServe (torch, the same bodies, alternating rounds):", ""]
         lines += [*peers, ""]
+    archives = peer_table(points, torch_models, WEIR_ARCHIVES)
+    if archives:
+        lines += [
+            "Weir serving TorchServe's archives (`weir up --ts-config` on TorchServe's own "
+            "config.properties, asked through /predictions; the Weir columns) against "
+            "TorchServe:",
+            "",
+            *archives,
+            "",
+        ]
     lines += [*points_table(points, raw, served), ""]
     cpu = cpu_table(points)
     if cpu:

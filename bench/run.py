@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
-from bench.analysis import BASELINE, TORCHSERVE, WEIR, Point, fastest, targets
+from bench.analysis import BASELINE, TORCHSERVE, WEIR, WEIR_ARCHIVES, Point, fastest, targets
 from bench.machine import load_average, machine_info, timestamp
 from bench.memory import MIB, PeakRss
 from bench.peer_report import peer_targets
@@ -66,7 +66,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=_peers,
         default=DEFAULT_PEERS,
         help=f"comma-separated servers Weir is measured against, torch only (default "
-        f"{DEFAULT_PEERS}; none: Weir alone)",
+        f"{DEFAULT_PEERS}; weir-archives: Weir serving TorchServe's archives and "
+        "config.properties through /predictions; none: Weir alone)",
     )
     parser.add_argument("--raw-s", type=float, default=1.0, help="timed seconds per batch size")
     parser.add_argument("--repository", type=Path, default=ROOT / "examples" / "models")
@@ -115,28 +116,30 @@ def schedule(args: argparse.Namespace) -> Schedule:
 
 
 class Servers:
-    """The servers of one run: Weir always; the baseline and TorchServe when torch is measured."""
+    """The servers of one run: Weir always; the peers asked for when torch is measured."""
 
     def __init__(
         self,
         weir: ServerProcess,
         baseline: ServerProcess | None,
         torchserve: ServerProcess | None = None,
+        archives: ServerProcess | None = None,
     ) -> None:
         self.weir = weir
         self.baseline = baseline
         self.torchserve = torchserve
+        self.archives = archives  # Weir serving TorchServe's archives
 
     @property
     def all(self) -> list[ServerProcess]:
-        return [s for s in (self.baseline, self.weir, self.torchserve) if s is not None]
+        chosen = (self.baseline, self.weir, self.torchserve, self.archives)
+        return [s for s in chosen if s is not None]
 
     def contenders(self, runtime: Runtime) -> list[Contender]:
         """Who serves a model through ``runtime``, in the order a round measures them."""
         if runtime != Runtime.TORCH:
             return [Contender(self.weir, runtime)]
-        chosen = (self.baseline, self.weir, self.torchserve)
-        return [Contender(server, runtime) for server in chosen if server is not None]
+        return [Contender(server, runtime) for server in self.all]
 
 
 def workloads(
@@ -165,7 +168,8 @@ def make_servers(
         return Servers(weir, None)
     baseline = peers.baseline(threads) if BASELINE in args.peers else None
     torchserve = peers.torchserve(worker_total) if TORCHSERVE in args.peers else None
-    return Servers(weir, baseline, torchserve)
+    archives = peers.weir_archives(worker_total) if WEIR_ARCHIVES in args.peers else None
+    return Servers(weir, baseline, torchserve, archives)
 
 
 def serve_and_measure(

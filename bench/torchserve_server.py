@@ -15,11 +15,12 @@ import logging
 import os
 import shutil
 import signal
+import sys
 from pathlib import Path
 
 import psutil
 
-from bench.analysis import TORCHSERVE
+from bench.analysis import TORCHSERVE, WEIR_ARCHIVES
 from bench.servers import ServerProcess, http_get
 from bench.torchserve import (
     HANDLER,
@@ -119,3 +120,22 @@ def fresh_archive(venv: Path, repository: Path, model: TorchServeModel, store: P
     archive(venv, repository, model, store)
     stamp.write_text(settings)
     return mar
+
+
+class WeirArchivesServer(ServerProcess):
+    """``weir up`` as a TorchServe user would run it: the same ``config.properties`` and
+    archives as the TorchServe peer, asked through ``/predictions``."""
+
+    def infer_url(self, model: str) -> str:
+        return f"{self.url}/predictions/{model}"
+
+
+def weir_archives_server(work_dir: Path, log: Path) -> WeirArchivesServer:
+    """Weir on a TorchServe work directory (:func:`torchserve_server`'s); its own ports."""
+    port, redis_port = free_port(), free_port()
+    command = [sys.executable, "-m", "weir.cli", "up", "--ts-config"]
+    command += [str(work_dir / "config.properties"), "--http-port", str(port)]
+    command += ["--ts-management-port", str(free_port()), "--metrics-port", str(free_port())]
+    command += ["--grpc-port", "0", "--redis-port", str(redis_port)]
+    redis_url = f"redis://127.0.0.1:{redis_port}/0"
+    return WeirArchivesServer(WEIR_ARCHIVES, command, port, log, redis_url=redis_url)

@@ -111,6 +111,21 @@ def test_the_peer_table_sets_weir_beside_torchserve_with_the_ratio() -> None:
     assert peer_table([p for p in POINTS if p.server == "weir"], ["tiny_mlp"]) == []
 
 
+def test_weir_serving_the_archives_pairs_with_torchserve_in_its_own_table() -> None:
+    archives = [
+        point("weir-archives", 1, 500.0, {"gateway": 900.0, "worker": 800.0}),
+        point("weir-archives", 64, 2000.0, {"gateway": 120.0, "worker": 80.0}),
+    ]
+    assert peer_summary(POINTS + archives, "tiny_mlp", "weir-archives")[
+        "weir_over_torchserve"
+    ] == pytest.approx(0.5)
+    table = peer_table(POINTS + archives, ["tiny_mlp"], "weir-archives")
+    assert "| tiny_mlp | 1 | 500 | 200 | 2.50x |" in table[2]
+    assert "**0.50x**" in table[4]
+    assert peer_table(POINTS, ["tiny_mlp"], "weir-archives") == []  # it did not run
+    assert peer_table(POINTS + archives, ["tiny_mlp"]) == peer_table(POINTS, ["tiny_mlp"])
+
+
 def test_the_cpu_table_lists_each_server_with_its_processes_largest_first() -> None:
     assert by_process({"redis": 25.0, "gateway": 125.0, "worker": 47.0}) == (
         "gateway 125, worker 47, redis 25"
