@@ -359,6 +359,8 @@ def test_parameters_are_decoded_by_content_type_as_torchserve_does(tmp_path: Pat
         Parameter("broken_json", "application/json", b"{not json"),
         Parameter("broken_text", "text/plain", b"\xff\xfe"),
         Parameter("json_with_charset", "application/json; charset=utf-8", b"[1]"),
+        # Past orjson (an integer over 64 bits): parsed still, as Python's json parses it.
+        Parameter("big_json", "application/json", b"[18446744073709551616, 1.5]"),
     ]
     request = TsRequest(parameters, {"x-trace": "abc", "explain": "True"})
 
@@ -373,6 +375,7 @@ def test_parameters_are_decoded_by_content_type_as_torchserve_does(tmp_path: Pat
             "broken_text": ["bytearray", "fffe"],
             # TorchServe parses exactly application/json; anything else stays bytes
             "json_with_charset": ["bytearray", b"[1]".hex()],
+            "big_json": ["list", [18446744073709551616, 1.5]],
         },
         "headers": {p.name: {"content-type": p.content_type} for p in parameters}
         | {"x-trace": "abc", "explain": "True"},

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+import orjson
 
 from weir.errors import InvalidInput
 from weir.torchserve import envelope
@@ -299,7 +300,12 @@ def decode_value(content_type: str, value: bytes) -> Any:
     """
     try:
         if content_type == JSON_TYPE:
-            return json.loads(value.decode("utf-8"))
+            try:
+                return orjson.loads(value)  # the same values as json's, several times faster
+            except orjson.JSONDecodeError:
+                # What orjson refuses and json takes: NaN and Infinity, integers past 64
+                # bits, nesting past 1024 levels.
+                return json.loads(value.decode("utf-8"))
         if content_type.startswith("text"):
             return value.decode("utf-8")
     except (ValueError, RecursionError):  # UnicodeDecodeError, JSONDecodeError; deep JSON
