@@ -122,13 +122,17 @@ class InferExchange:
         chunks = self._chunks
         return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
+    def check_token(self, state: GatewayState) -> None:
+        """Unauthorized unless the request carries the inference token (when one is set)."""
+        token = required_token(state.settings, Scope.INFERENCE)
+        if token is not None:
+            authorization = self.headers.get(b"authorization", "")
+            check_authorization(authorization, token, Scope.INFERENCE)
+
     async def run(self, state: GatewayState, disconnect: Disconnect) -> tuple[int, list[bytes]]:
         """The response's status and its head's header lines and body (KServe's shape)."""
         try:
-            token = required_token(state.settings, Scope.INFERENCE)
-            if token is not None:
-                authorization = self.headers.get(b"authorization", "")
-                check_authorization(authorization, token, Scope.INFERENCE)
+            self.check_token(state)
             entry, version = state.repository.resolve(self.model, self.version)
             try:
                 raw = self._body()

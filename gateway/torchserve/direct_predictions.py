@@ -18,7 +18,6 @@ import orjson
 from starlette.datastructures import Headers
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE
 
-from gateway.auth import Scope, check_authorization, required_token
 from gateway.direct_infer import InferExchange
 from gateway.disconnect import Disconnect
 from gateway.state import GatewayState
@@ -61,10 +60,7 @@ class PredictionExchange(InferExchange):
     async def run(self, state: GatewayState, disconnect: Disconnect) -> tuple[int, list[bytes]]:
         """The handler's status, and the head's header lines and body it answered."""
         try:
-            token = required_token(state.settings, Scope.INFERENCE)
-            if token is not None:
-                authorization = self.headers.get(b"authorization", "")
-                check_authorization(authorization, token, Scope.INFERENCE)
+            self.check_token(state)
             asked = Prediction(
                 self.model, self.version, self.explain, Headers(raw=self.raw_headers), self.query
             )

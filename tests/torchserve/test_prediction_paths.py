@@ -16,8 +16,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import Mesh, free_port, private_mesh
+from tests.conftest import Mesh
 from tests.torchserve.archives import build_archive
+from tests.torchserve.meshes import register, store_mesh
 
 TOKEN = "predict-me"
 MANAGE = "manage-me"
@@ -56,23 +57,13 @@ def mesh(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Mesh]:
     store = root / "store"
     store.mkdir()
     build_archive(store, "echo", HANDLER, version="1.0")
-    management_port = free_port()
+    (root / "repository").mkdir()
     env = {
-        "WEIR_MODEL_STORE": str(store),
-        "WEIR_MODEL_CONTROL_MODE": "explicit",
-        "WEIR_GATEWAY_TS_MANAGEMENT_PORT": str(management_port),
-        "WEIR_GATEWAY_MANAGEMENT_TOKEN": MANAGE,
         "WEIR_GATEWAY_INFERENCE_TOKEN": TOKEN,
         "WEIR_GATEWAY_TS_MAX_REQUEST_SIZE_BYTES": str(LIMIT),
     }
-    (root / "repository").mkdir()
-    with private_mesh(root / "repository", env) as running:
-        registered = httpx.post(
-            f"http://127.0.0.1:{management_port}/models",
-            params={"url": "echo.mar", "initial_workers": 1, "synchronous": "true"},
-            headers={"Authorization": f"Bearer {MANAGE}"},
-            timeout=120,
-        )
+    with store_mesh(store, root / "repository", MANAGE, **env) as (running, management):
+        registered = register(management, MANAGE, "echo.mar")
         assert registered.status_code == 200, registered.text
         yield running
 

@@ -16,8 +16,10 @@ import httpx
 import pytest
 import torch
 
-from tests.conftest import Mesh, free_port, private_mesh, wait_until
+from tests.conftest import Mesh, wait_until
 from tests.torchserve.archives import build_archive, write_zip
+from tests.torchserve.meshes import register as register_archive
+from tests.torchserve.meshes import store_mesh
 
 TOKEN = "manage-me"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -107,16 +109,8 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def ts_mesh(store: Path) -> Iterator[tuple[Mesh, str]]:
-    management_port = free_port()
-    env = {
-        "WEIR_MODEL_STORE": str(store),
-        "WEIR_MODEL_CONTROL_MODE": "explicit",
-        "WEIR_GATEWAY_TS_MANAGEMENT_PORT": str(management_port),
-        "WEIR_GATEWAY_MANAGEMENT_TOKEN": TOKEN,
-        "WEIR_CONTROL_REFRESH_S": "0.2",
-    }
-    with private_mesh(store / ".weir", env) as mesh:
-        management = f"http://127.0.0.1:{management_port}"
+    refresh = {"WEIR_CONTROL_REFRESH_S": "0.2"}
+    with store_mesh(store, store / ".weir", TOKEN, **refresh) as (mesh, management):
         registered = register(management, "echo.mar", batch_size=8, max_batch_delay=50)
         assert registered.status_code == 200, registered.text
         yield mesh, management
@@ -130,8 +124,7 @@ def scorer_model() -> torch.jit.ScriptModule:
 
 
 def register(management: str, url: str, **params: Any) -> httpx.Response:
-    query = {"url": url, "initial_workers": 1, "synchronous": "true", **params}
-    return httpx.post(f"{management}/models", params=query, headers=AUTH, timeout=120)
+    return register_archive(management, TOKEN, url, **params)
 
 
 def test_registering_an_archive_answers_as_torchserve(ts_mesh: tuple[Mesh, str]) -> None:

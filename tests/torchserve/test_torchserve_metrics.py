@@ -11,8 +11,9 @@ from collections.abc import Iterator
 import httpx
 import pytest
 
-from tests.conftest import Mesh, free_port, private_mesh
+from tests.conftest import Mesh
 from tests.torchserve.archives import build_archive
+from tests.torchserve.meshes import register, store_mesh
 from tests.torchserve.test_metric_names import parsed
 
 TOKEN = "watch-me"
@@ -39,20 +40,10 @@ def ts_mesh(
     store = tmp_path / "store"
     store.mkdir()
     build_archive(store, "echo", ECHO, version="3.1")
-    management_port = free_port()
-    env = {
-        "WEIR_MODEL_STORE": str(store),
-        "WEIR_MODEL_CONTROL_MODE": "explicit",
-        "WEIR_GATEWAY_TS_MANAGEMENT_PORT": str(management_port),
-        "WEIR_GATEWAY_MANAGEMENT_TOKEN": TOKEN,
-        "WEIR_GATEWAY_PROCESSES": request.param,
-        "WEIR_CONTROL_REFRESH_S": "0.2",
-    }
     (tmp_path / "repository").mkdir()
-    with private_mesh(tmp_path / "repository", env) as mesh:
-        management = f"http://127.0.0.1:{management_port}"
-        query = {"url": "echo.mar", "initial_workers": 1, "synchronous": "true"}
-        registered = httpx.post(f"{management}/models", params=query, headers=AUTH, timeout=120)
+    env = {"WEIR_GATEWAY_PROCESSES": request.param, "WEIR_CONTROL_REFRESH_S": "0.2"}
+    with store_mesh(store, tmp_path / "repository", TOKEN, **env) as (mesh, management):
+        registered = register(management, TOKEN, "echo.mar")
         assert registered.status_code == 200, registered.text
         yield mesh, management
 
