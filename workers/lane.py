@@ -10,22 +10,23 @@ that cannot be processed is dead-lettered there too. Draining waits until every 
 is written and acked.
 
 A model with a response timeout (its ``response_timeout_s`` parameter; TorchServe's
-``responseTimeout``) has each batch watched: one that runs past it is dead-lettered (each
-request answered with a 500) and the worker exits, as TorchServe restarts a backend worker
-that stopped answering. The event loop watches a batch run in a thread; a timer thread
-watches one run in the loop (:mod:`workers.watchdog`). A running batch cannot be stopped;
-the worker's supervisor (``weir up``, Compose, Kubernetes) starts a fresh one, and the
-batches the old one held are claimed by live workers, as after any crash.
+``responseTimeout``) runs every batch in a thread, so the event loop sees one run past it:
+that batch is dead-lettered (each request answered with a 500) and the worker exits, as
+TorchServe restarts a backend worker that stopped answering. A thread cannot be stopped;
+its supervisor (``weir up``, Compose, Kubernetes) starts a fresh worker, and the batches
+the old one held are claimed by live workers, as after any crash.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import os
+import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
+from typing import NoReturn
 
 from redis.exceptions import RedisError
 
@@ -41,10 +42,11 @@ from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from workers.batch_wait import never, sort_requests
 from workers.execution import BatchRunner
-from workers.watchdog import InlineWatchdog, exit_stuck, timeout_reason
 from workers.write_back import Outcome, WriteBack, decode_requests, failure_reply, phase_totals
 
 logger = logging.getLogger(__name__)
+
+EXIT_STUCK = 3  # the worker's exit status after a batch ran past its response timeout
 
 
 class WorkerLane:
@@ -84,11 +86,6 @@ class WorkerLane:
         self.response_timeout_s = runners[0].config.response_timeout_s if runners else None
         # On the worker's link (its transactions never block), not the lane's reading one.
         self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
-        self.watchdog: InlineWatchdog | None = None
-        if self.response_timeout_s is not None:
-            self.watchdog = InlineWatchdog(
-                settings.redis_url, self.write_back, self.label, self.response_timeout_s
-            )
 
     @property
     def label(self) -> str:
@@ -162,8 +159,7 @@ class WorkerLane:
             entry = await self.queue.get()
             try:
                 if self._inline():
-                    with self._watched(entry):
-                        outcome = self._process(runner, entry)
+                    outcome = self._process(runner, entry)
                 else:
                     outcome = await self._in_thread(loop, executor, runner, entry)
                 self._observe(outcome)
@@ -193,14 +189,9 @@ class WorkerLane:
         try:
             return await asyncio.wait_for(asyncio.shield(running), timeout_s)
         except TimeoutError:
-            await self.write_back.dead_letter(entry, timeout_reason(timeout_s))
-            exit_stuck(f"a batch of {self.label} ran past its response timeout ({timeout_s:g} s)")
-
-    def _watched(self, entry: Entry) -> contextlib.AbstractContextManager[None]:
-        """While ``entry``'s batch runs in the loop: its response timeout, if it has one."""
-        if self.watchdog is None:
-            return contextlib.nullcontext()
-        return self.watchdog.watching(entry)
+            limit = f"response timeout ({timeout_s:g} s)"
+            await self.write_back.dead_letter(entry, f"it ran past the model's {limit}")
+            exit_stuck(f"a batch of {self.label} ran past its {limit}")
 
     def _inline(self) -> bool:
         """Whether the next batch runs in the event loop rather than an executor thread.
@@ -217,6 +208,8 @@ class WorkerLane:
         """
         settings = self.settings
         if self.compute_ewma_ns is None or self.wall_ewma_ns is None:
+            return False
+        if self.response_timeout_s is not None:  # a thread, so the loop sees it run too long
             return False
         if settings.inline_compute_us == 0 or self.wall_ewma_ns >= settings.inline_block_us * 1000:
             return False
@@ -255,6 +248,18 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
+
+
+def exit_stuck(what: str) -> NoReturn:
+    """End the worker at once: an instance's thread still runs a batch nobody waits for."""
+    logger.critical(
+        "%s and still runs: its requests were answered with an error; this worker exits so "
+        "that a fresh one takes its place (live workers claim the batches it held)",
+        what,
+    )
+    logging.shutdown()
+    sys.stderr.flush()
+    os._exit(EXIT_STUCK)
 
 
 def _ewma(recent: int | None, sample: int) -> int:

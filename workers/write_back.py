@@ -153,21 +153,6 @@ class WriteBack:
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Park a batch on the dead-letter stream; answer each request with a 500."""
-        outcome, dead = self._dead(entry, reason)
-        await self.write(entry.id, outcome, dead)
-
-    def dead_letter_commands(
-        self, entry: Entry, reason: str
-    ) -> tuple[list[Command], list[Command]]:
-        """:meth:`dead_letter`'s commands, for a thread with no event loop.
-
-        The 500 replies (other slots), then what runs in one transaction on the model's slot.
-        """
-        outcome, dead = self._dead(entry, reason)
-        outside, inside = self._effects(entry.id, outcome)
-        return outside, [dead, *inside]
-
-    def _dead(self, entry: Entry, reason: str) -> tuple[Outcome, Command]:
         payload = entry.fields.get(wire.PAYLOAD, b"")
         outcome = Outcome()
         error = ServerError(
@@ -184,7 +169,8 @@ class WriteBack:
         outcome.answered = len(requests)
         outcome.phases = phase_totals([], {}, requests, wire.now_ns())
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
-        return outcome, stages.dead_letter(self.entry.name, self.version, payload, reason, entry.id)
+        dead = stages.dead_letter(self.entry.name, self.version, payload, reason, entry.id)
+        await self.write(entry.id, outcome, dead)
 
 
 def decode_requests(entry: Entry) -> list[InferRequest]:
