@@ -31,12 +31,11 @@ class TorchServeFront:
         self._models: frozenset[str] = frozenset()
         self._versions: dict[tuple[str, str | None], str] = {}
 
-    def weir_version(self, model: str, version: str | None) -> str | None:
-        """The Weir version a TorchServe request for ``model`` (``version``) goes to."""
-        return self.lookup(model, version)[1]
-
     def lookup(self, model: str, version: str | None) -> tuple[bool, str | None]:
-        """Whether ``model`` is the store's, and :meth:`weir_version`: one look at the store."""
+        """Whether ``model`` is the store's, and the Weir version a request for it goes to.
+
+        ``version``: TorchServe's (None: the default). One look at the store's records.
+        """
         if self.store is None or model not in self._current():
             return False, version
         found = self._versions.get((model, version))
@@ -57,15 +56,6 @@ class TorchServeFront:
             self._models = frozenset(self.store.models())
             self._versions = {}
         return self._models
-
-    def ts_version(self, model: str, version: str) -> str:
-        """The TorchServe name of Weir version ``version`` of ``model``."""
-        if self.store is None or model not in self.store.models():
-            return version
-        try:
-            return self.store.ts_version_of(model, version)
-        except StoreError:
-            return version
 
     def spawn(self, work: Coroutine[Any, Any, None], what: str) -> None:
         """Run ``work`` after the answer (TorchServe's ``synchronous=false``), held."""
