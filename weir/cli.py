@@ -25,9 +25,9 @@ from weir.settings import (
     BatcherSettings,
     GatewaySettings,
     ServiceSettings,
-    UpSettings,
     WorkerSettings,
 )
+from weir.up_settings import UpSettings
 
 
 def _common(parser: argparse.ArgumentParser) -> None:

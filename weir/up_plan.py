@@ -20,7 +20,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from weir.settings import UpSettings
+    from weir.up_settings import UpSettings
 
 # The environment variable that carries the plan across the exec; the supervisor removes it.
 PLAN_ENV = "WEIR_UP_PLAN"

@@ -22,9 +22,9 @@ from weir.settings import (
     BatcherSettings,
     GatewaySettings,
     ServiceSettings,
-    UpSettings,
     WorkerSettings,
 )
+from weir.up_settings import UpSettings
 
 # Variables of compose.yaml and the Dockerfiles that never reach Weir.
 DEPLOY_ONLY_VARIABLES = {

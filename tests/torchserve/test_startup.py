@@ -10,9 +10,9 @@ import pytest
 from tests.torchserve.archives import build_archive
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
-from weir.settings import UpSettings
 from weir.torchserve.startup import prepare
 from weir.torchserve.store import ModelStore
+from weir.up_settings import UpSettings
 
 
 @pytest.fixture(scope="module")

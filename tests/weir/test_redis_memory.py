@@ -29,8 +29,9 @@ from weir.cli import _overrides, _parser
 from weir.embedded import Embedded
 from weir.redis_io.link import Link
 from weir.redis_server import RedisServer
-from weir.settings import GatewaySettings, UpSettings
+from weir.settings import GatewaySettings
 from weir.up_plan import UpPlan
+from weir.up_settings import UpSettings
 
 FILLER_BYTES = 16 * 1024 * 1024
 URL = "/v2/models/tiny_mlp/infer"

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from weir.cli import _overrides, _parser
-from weir.settings import UpSettings
 from weir.up_plan import UpPlan
+from weir.up_settings import UpSettings
 
 
 def plan_of(*argv: str) -> UpPlan:

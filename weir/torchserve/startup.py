@@ -18,7 +18,6 @@ from typing import Any
 
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
-from weir.settings import UpSettings
 from weir.torchserve.properties import (
     ModelVersionSettings,
     StartupModel,
@@ -26,6 +25,7 @@ from weir.torchserve.properties import (
     parse_properties,
 )
 from weir.torchserve.store import ModelStore
+from weir.up_settings import UpSettings
 
 logger = logging.getLogger(__name__)
 
