@@ -17,6 +17,7 @@ import logging
 from collections.abc import Callable
 from typing import cast
 
+from redis import Redis as SyncRedis
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -50,6 +51,14 @@ for i = 1, #dead, 1000 do
 end
 if #dead > 0 then redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now) end
 return redis.call('HGETALL', KEYS[1])
+"""
+)
+
+# KEYS: expiry. ARGV: consumer, ttl_ms. Pushes a registered consumer's expiry on, no more.
+_PROLONG = (
+    _NOW_MS
+    + """
+return redis.call('ZADD', KEYS[1], 'XX', now + tonumber(ARGV[2]), ARGV[1])
 """
 )
 
@@ -96,6 +105,16 @@ class Heartbeat:
             await forget_consumers(self.redis, self.group, [self.consumer])
         except RedisError as exc:
             logger.warning("could not leave the %s registry: %s", self.group, exc)
+
+
+def prolong(client: SyncRedis, group: str, consumer: str, ttl_s: float) -> None:
+    """From a thread without an event loop: ``consumer`` lives ``ttl_s`` more.
+
+    Only its expiry moves, and only while it is registered: one whose beat already lapsed
+    stays dead (peers may have claimed its entries).
+    """
+    script = client.register_script(_PROLONG)
+    script([names.live_expiry(group)], [consumer, int(ttl_s * 1000)])
 
 
 async def live_consumers(redis: Redis, group: str) -> dict[str, bytes]:

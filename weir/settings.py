@@ -355,6 +355,12 @@ class WorkerSettings(ServiceSettings):
         description="batches that recently took this long in wall time run in a thread; a "
         "model of one instance runs shorter ones in the event loop",
     )
+    inline_stall_s: float = Field(
+        30.0,
+        ge=0,
+        description="a batch run in the event loop that lasts this long is dead-lettered and "
+        "the worker exits for its supervisor to replace (0: no limit)",
+    )
     ts_install_requirements: bool = Field(
         False,
         description="install a TorchServe archive's requirements.txt with pip when it loads "

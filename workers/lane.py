@@ -14,19 +14,18 @@ A model with a response timeout (its ``response_timeout_s`` parameter; TorchServ
 that batch is dead-lettered (each request answered with a 500) and the worker exits, as
 TorchServe restarts a backend worker that stopped answering. A thread cannot be stopped;
 its supervisor (``weir up``, Compose, Kubernetes) starts a fresh worker, and the batches
-the old one held are claimed by live workers, as after any crash.
+the old one held are claimed by live workers, as after any crash. A batch run in the event
+loop is watched by the worker's stall guard instead (:mod:`workers.stall`): past
+``WEIR_WORKER_INLINE_STALL_S`` it is dead-lettered and the worker exits the same way.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import os
-import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import Executor
-from typing import NoReturn
 
 from redis.exceptions import RedisError
 
@@ -42,11 +41,10 @@ from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from workers.batch_wait import never, sort_requests
 from workers.execution import BatchRunner
+from workers.stall import StallGuard, exit_stuck
 from workers.write_back import Outcome, WriteBack, decode_requests, failure_reply, phase_totals
 
 logger = logging.getLogger(__name__)
-
-EXIT_STUCK = 3  # the worker's exit status after a batch ran past its response timeout
 
 
 class WorkerLane:
@@ -61,6 +59,7 @@ class WorkerLane:
         runners: list[BatchRunner],
         settings: WorkerSettings,
         router: Router,
+        stall: StallGuard | None = None,
     ) -> None:
         self.read_link = open_link(
             settings.redis_url, settings.redis_timeout_s
@@ -86,6 +85,7 @@ class WorkerLane:
         self.response_timeout_s = runners[0].config.response_timeout_s if runners else None
         # On the worker's link (its transactions never block), not the lane's reading one.
         self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
+        self.stall = stall  # the worker's watch over batches run in the event loop
 
     @property
     def label(self) -> str:
@@ -159,7 +159,7 @@ class WorkerLane:
             entry = await self.queue.get()
             try:
                 if self._inline():
-                    outcome = self._process(runner, entry)
+                    outcome = self._process_inline(runner, entry)
                 else:
                     outcome = await self._in_thread(loop, executor, runner, entry)
                 self._observe(outcome)
@@ -173,6 +173,16 @@ class WorkerLane:
                 self.held.discard(entry.id)
                 self.queue.task_done()
                 self.free.release()
+
+    def _process_inline(self, runner: BatchRunner, entry: Entry) -> Outcome:
+        """The batch's outcome, run in the event loop under the worker's stall guard."""
+        if self.stall is None:
+            return self._process(runner, entry)
+        self.stall.begin(entry, self.write_back)
+        try:
+            return self._process(runner, entry)
+        finally:
+            self.stall.end()
 
     async def _in_thread(
         self,
@@ -248,18 +258,6 @@ class WorkerLane:
     async def drain(self) -> None:
         """Wait until every batch taken from the stream is written and acked."""
         await self.queue.join()
-
-
-def exit_stuck(what: str) -> NoReturn:
-    """End the worker at once: an instance's thread still runs a batch nobody waits for."""
-    logger.critical(
-        "%s and still runs: its requests were answered with an error; this worker exits so "
-        "that a fresh one takes its place (live workers claim the batches it held)",
-        what,
-    )
-    logging.shutdown()
-    sys.stderr.flush()
-    os._exit(EXIT_STUCK)
 
 
 def _ewma(recent: int | None, sample: int) -> int:

@@ -49,6 +49,7 @@ from workers.lane import WorkerLane
 from workers.lane_run import LaneRun
 from workers.memory import IdleTrim, limit_arenas, malloc_trim
 from workers.placement import POOL_KINDS, instance_count, place
+from workers.stall import StallGuard
 from workers.threads import ThreadShare
 from workers.warmup import run_warmup
 
@@ -86,6 +87,13 @@ class Worker(Service):
         self.threads = ThreadShare(settings.torch_threads)
         self.heartbeat = Heartbeat(
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
+        )
+        self.stall = StallGuard(
+            settings.redis_url,
+            names.WORKER_GROUP,
+            self.worker_id,
+            settings.heartbeat_ttl_s,
+            settings.inline_stall_s,
         )
         self.trimmer = Trimmer(self.redis, names.WORKER_GROUP, [])
         self.cancels = CancelWatch(settings.redis_url, settings.redis_timeout_s, settings.block_ms)
@@ -137,7 +145,14 @@ class Worker(Service):
                 runners = self._build(entry, version)
                 await self._start(
                     WorkerLane(
-                        self.link, self.group, entry, version, runners, self.settings, self.router
+                        self.link,
+                        self.group,
+                        entry,
+                        version,
+                        runners,
+                        self.settings,
+                        self.router,
+                        self.stall,
                     )
                 )
         logger.info(
@@ -249,7 +264,7 @@ class Worker(Service):
             logger.info("lane %s:%s loaded but no longer wanted", entry.name, version)
             return
         lane = WorkerLane(
-            self.link, self.group, entry, version, runners, self.settings, self.router
+            self.link, self.group, entry, version, runners, self.settings, self.router, self.stall
         )
         await self._start(lane)
         await self.heartbeat.beat()  # advertise it at once
@@ -282,6 +297,7 @@ class Worker(Service):
         for run in self.runs.values():
             run.start(self.tasks)
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        self.stall.start()
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
         idle = IdleTrim(self.settings.trim_memory_idle_s, self._last_batch_s)
@@ -309,6 +325,7 @@ class Worker(Service):
         for run in self.runs.values():
             await run.close(self.settings.shutdown_grace_s)
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
+        self.stall.stop()
         await self.heartbeat.stop()
         await self.link.close()
         await self.cancels.close()

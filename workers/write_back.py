@@ -153,6 +153,21 @@ class WriteBack:
 
     async def dead_letter(self, entry: Entry, reason: str) -> None:
         """Park a batch on the dead-letter stream; answer each request with a 500."""
+        outcome, dead = self._dead(entry, reason)
+        await self.write(entry.id, outcome, dead)
+
+    def dead_letter_commands(
+        self, entry: Entry, reason: str
+    ) -> tuple[list[Command], list[Command]]:
+        """:meth:`dead_letter`'s commands, for a thread whose event loop is busy.
+
+        The 500 replies (on other slots), then what runs in one transaction on the model's.
+        """
+        outcome, dead = self._dead(entry, reason)
+        outside, inside = self._effects(entry.id, outcome)
+        return outside, [dead, *inside]
+
+    def _dead(self, entry: Entry, reason: str) -> tuple[Outcome, Command]:
         payload = entry.fields.get(wire.PAYLOAD, b"")
         outcome = Outcome()
         error = ServerError(
@@ -169,8 +184,7 @@ class WriteBack:
         outcome.answered = len(requests)
         outcome.phases = phase_totals([], {}, requests, wire.now_ns())
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
-        dead = stages.dead_letter(self.entry.name, self.version, payload, reason, entry.id)
-        await self.write(entry.id, outcome, dead)
+        return outcome, stages.dead_letter(self.entry.name, self.version, payload, reason, entry.id)
 
 
 def decode_requests(entry: Entry) -> list[InferRequest]:

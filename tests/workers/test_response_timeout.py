@@ -15,7 +15,7 @@ import httpx
 
 from tests.conftest import private_mesh
 from tests.sleeper import write_sleeper
-from workers.lane import EXIT_STUCK
+from workers.stall import EXIT_STUCK
 
 HANDLER = """
 import time
