@@ -356,10 +356,11 @@ class WorkerSettings(ServiceSettings):
         "model of one instance runs shorter ones in the event loop",
     )
     inline_stall_s: float = Field(
-        30.0,
+        60.0,
         ge=0,
         description="a batch run in the event loop that lasts this long is dead-lettered and "
-        "the worker exits for its supervisor to replace (0: no limit)",
+        "the worker exits for its supervisor to replace (0: no limit); by default the "
+        "gateway's request timeout, when nobody waits for its answer any more",
     )
     ts_install_requirements: bool = Field(
         False,
