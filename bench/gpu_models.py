@@ -257,7 +257,7 @@ def raw_limit(
     from workers.backends import load_backend  # torch: here, not in the load processes
 
     entry = load_model(served.repository, served.name)
-    loaded = load_backend(entry.config, entry.version_path(entry.latest), None, 1, False, device)
+    loaded = load_backend(entry.config, entry.version_path(entry.latest), None, 1, None, device)
     instance = loaded.instance()
     batch_ms = {size: _batch_ms(instance, entry.config, size, min_s) for size in batch_sizes}
     del instance, loaded

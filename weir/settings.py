@@ -367,6 +367,12 @@ class WorkerSettings(ServiceSettings):
         description="install a TorchServe archive's requirements.txt with pip when it loads "
         "(TorchServe's install_py_dep_per_model)",
     )
+    ts_decode_input_request: bool = Field(
+        True,
+        description="TorchServe archives' handlers get JSON and text inputs decoded (TorchServe's "
+        "decode_input_request); false: their bytes. A handler that sets TS_DECODE_INPUT_REQUEST "
+        "when it loads chooses for itself",
+    )
     gpu_metrics_interval_s: float = Field(
         2.0,
         gt=0,

@@ -77,6 +77,7 @@ class UpPlan:
                     settings.ts_default_response_timeout_s
                 ),
                 WEIR_WORKER_TS_INSTALL_REQUIREMENTS=str(settings.ts_install_requirements),
+                WEIR_WORKER_TS_DECODE_INPUT_REQUEST=str(settings.ts_decode_input_request),
             )
         return cls(
             shutdown_grace_s=settings.shutdown_grace_s,

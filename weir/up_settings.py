@@ -44,3 +44,4 @@ class UpSettings(ServiceSettings):
     ts_default_workers_per_model: int = Field(1, ge=0)
     ts_default_response_timeout_s: int = Field(120, gt=0)
     ts_install_requirements: bool = False
+    ts_decode_input_request: bool = True

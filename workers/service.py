@@ -41,7 +41,7 @@ from weir.settings import WorkerSettings
 from weir.streams import StreamGroup
 from weir.trim import Trimmer
 from weir.workload import encode_served
-from workers.backends import load_backend
+from workers.backends import ArchiveOptions, load_backend
 from workers.backends.base import ModelBackend
 from workers.execution import BatchRunner
 from workers.gpu_metrics import GpuSampler
@@ -174,7 +174,9 @@ class Worker(Service):
         """
         placed = place(entry.config, self.settings.pool)
         path = entry.version_path(version)
-        install = self.settings.ts_install_requirements
+        archives = ArchiveOptions(
+            self.settings.ts_install_requirements, self.settings.ts_decode_input_request
+        )
         loaded: dict[int | None, ModelBackend] = {}  # a shareable model, once per device
         backends: list[ModelBackend] = []
         for placement in placed:
@@ -182,7 +184,7 @@ class Worker(Service):
             if shared is None or not shared.shareable:
                 on_device = sum(p.device == placement.device for p in placed)
                 shared = load_backend(
-                    entry.config, path, self.threads, on_device, install, placement.device
+                    entry.config, path, self.threads, on_device, archives, placement.device
                 )
                 loaded.setdefault(placement.device, shared)
             backends.append(shared.instance())

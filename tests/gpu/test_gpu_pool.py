@@ -61,7 +61,7 @@ def on_gpu(repository: Path, name: str, count: int = 1, **extra: Any) -> None:
 
 def load(repository: Path, name: str, device: int | None, instances: int = 1) -> Any:
     entry = Repository.load(repository).models[name]
-    return load_backend(entry.config, entry.version_path("1"), None, instances, False, device)
+    return load_backend(entry.config, entry.version_path("1"), None, instances, None, device)
 
 
 @pytest.mark.parametrize("name", ["tiny_mlp", "wide_mlp", "bert_mini"])

@@ -169,6 +169,17 @@ def test_ts_envvars_override_keys_only_when_enabled() -> None:
     assert enabled.ignored == []
 
 
+def test_decode_input_request_is_on_only_for_exactly_true_as_torchserves_workers_read_it() -> None:
+    assert parse_properties_text("decode_input_request=true\n", "c", {}).decode_input_request
+    for value in ("false", "True", "1"):
+        read = parse_properties_text(f"decode_input_request={value}\n", "c", {})
+        assert read.decode_input_request is False
+    assert parse_properties_text("", "c", {}).decode_input_request is None  # Weir's default
+    env = {"TS_DECODE_INPUT_REQUEST": "false"}
+    overridden = parse_properties_text("enable_envvars_config=true\n", "c", env)
+    assert overridden.decode_input_request is False
+
+
 def test_a_bad_envvar_override_names_the_variable() -> None:
     env = {"TS_MAX_REQUEST_SIZE": "lots"}
     with pytest.raises(PropertiesError, match="environment variable TS_MAX_REQUEST_SIZE"):

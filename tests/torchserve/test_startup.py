@@ -49,6 +49,7 @@ def test_the_command_line_wins_over_config_properties(
         "load_models=beta.mar\n"
         "max_request_size=1000\n"
         "install_py_dep_per_model=true\n"
+        "decode_input_request=false\n"
         "default_response_timeout=300\n"
         "job_queue_size=100\n"
     )
@@ -59,6 +60,7 @@ def test_the_command_line_wins_over_config_properties(
     assert settings.ts_management_host == "0.0.0.0"
     assert settings.ts_max_request_size_bytes == 1000
     assert settings.ts_install_requirements is True
+    assert settings.ts_decode_input_request is False
     assert settings.ts_default_response_timeout_s == 300
     assert settings.model_store == store
     assert settings.load_models == ["beta"]

@@ -14,7 +14,14 @@ HANDLER = """
 def handle(data, context):
     if data is None:
         return None
-    return [{"got": bytes(row["body"]).decode(), "model": context.model_name} for row in data]
+    return [
+        {
+            "got": bytes(row["body"]).decode(),
+            "as": type(row["body"]).__name__,
+            "model": context.model_name,
+        }
+        for row in data
+    ]
 """
 
 
@@ -31,6 +38,7 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
         f"model_store={store}\n"
         "load_models=idle.mar\n"
         "number_of_netty_threads=4\n"
+        "decode_input_request=false\n"
         'models={"hello": {"1.0": {"marName": "greeter.mar", "batchSize": 4, '
         '"maxBatchDelay": 20}}}\n'
     )
@@ -39,11 +47,10 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
     with weir_up(*args) as up:
         announced = f"management http://127.0.0.1:{management_port}/models"
         wait_until(lambda: announced in "".join(up.lines), 10, "the TorchServe APIs' line")
-        answer = httpx.post(
-            f"http://127.0.0.1:{http_port}/predictions/hello", content=b"hi", timeout=30
-        )
+        # decode_input_request=false: a JSON body reaches the handler as its bytes.
+        answer = httpx.post(f"http://127.0.0.1:{http_port}/predictions/hello", json=[1], timeout=30)
         assert answer.status_code == 200, answer.text
-        assert answer.json() == {"got": "hi", "model": "hello"}
+        assert answer.json() == {"got": "[1]", "as": "bytearray", "model": "hello"}
         listed = httpx.get(f"http://127.0.0.1:{management_port}/models").json()
         # --models wins over load_models, as torchserve's command line does
         assert listed == {"models": [{"modelName": "hello", "modelUrl": "greeter.mar"}]}

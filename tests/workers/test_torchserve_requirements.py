@@ -21,7 +21,7 @@ from tests.torchserve.archives import build_archive
 from weir.config import ModelConfig
 from weir.errors import ConfigError
 from weir.torchserve import envelope
-from workers.backends import load_backend
+from workers.backends import ArchiveOptions, load_backend
 
 WHEEL = "weirtinydep-0.1-py3-none-any.whl"
 HANDLER = """
@@ -90,7 +90,7 @@ def serve(tmp_path: Path, requirements: str, install: bool) -> object:
             "output": envelope.OUTPUTS,
         }
     )
-    return load_backend(config, version_dir, install_requirements=install)
+    return load_backend(config, version_dir, archives=ArchiveOptions(install_requirements=install))
 
 
 @pytest.mark.usefixtures("offline_pip")

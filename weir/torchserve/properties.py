@@ -45,6 +45,7 @@ _ENV_KEYS = (
     "max_request_size",
     "max_response_size",
     "install_py_dep_per_model",
+    "decode_input_request",
 )
 
 
@@ -102,6 +103,9 @@ class TsProperties:
         max_response_size: ``max_response_size`` in bytes (TorchServe: 6553500).
         install_py_dep_per_model: ``install_py_dep_per_model``: install each archive's
             ``requirements.txt`` (TorchServe: false).
+        decode_input_request: ``decode_input_request``: handlers get JSON and text inputs
+            decoded (TorchServe: true); false, their bytes. Only exactly ``true`` is true,
+            as TorchServe's workers read it.
         enable_envvars_config: Whether ``TS_<KEY>`` environment variables were applied.
         ignored: Every other key present, in file order.
     """
@@ -118,6 +122,7 @@ class TsProperties:
     max_request_size: int | None = None
     max_response_size: int | None = None
     install_py_dep_per_model: bool | None = None
+    decode_input_request: bool | None = None
     enable_envvars_config: bool = False
     ignored: list[str] = field(default_factory=list)
 
@@ -255,6 +260,12 @@ def _boolean(value: str) -> bool:
     return value.strip().lower() == "true"
 
 
+def _exactly_true(value: str) -> bool:
+    # TorchServe hands the value as written to its workers, which decode inputs only when it
+    # reads exactly "true": "True" turns decoding off there, and so here.
+    return value == "true"
+
+
 def _integer(value: str, minimum: int) -> int:
     try:
         number = int(value.strip())
@@ -365,4 +376,5 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "max_request_size": partial(_integer, minimum=1),
     "max_response_size": partial(_integer, minimum=1),
     "install_py_dep_per_model": _boolean,
+    "decode_input_request": _exactly_true,
 }

@@ -80,6 +80,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_max_request_size_bytes": properties.max_request_size,
         "ts_max_response_size_bytes": properties.max_response_size,
         "ts_install_requirements": properties.install_py_dep_per_model,
+        "ts_decode_input_request": properties.decode_input_request,
     }
     return {k: v for k, v in candidates.items() if v is not None and k not in given}
 

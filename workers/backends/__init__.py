@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from weir.config import Backend, ModelConfig
@@ -10,19 +11,32 @@ from workers.backends.base import ModelBackend
 from workers.threads import ThreadShare
 
 
+@dataclass(frozen=True)
+class ArchiveOptions:
+    """How the worker loads TorchServe archives (its ``ts_*`` settings).
+
+    ``install_requirements``: install an archive's ``requirements.txt``
+    (``install_py_dep_per_model``); ``decode_input_request``: give handlers JSON and text
+    inputs decoded, unless a handler chooses otherwise as it loads.
+    """
+
+    install_requirements: bool = False
+    decode_input_request: bool = True
+
+
 def load_backend(
     config: ModelConfig,
     version_dir: Path,
     share: ThreadShare | None = None,
     instances: int = 1,
-    install_requirements: bool = False,
+    archives: ArchiveOptions | None = None,
     device: int | None = None,
 ) -> ModelBackend:
     """Load ``config``'s model from ``version_dir``, on the CPU or a CUDA device.
 
     ``share``: the worker's threads, which the instances of every model share out;
     ``instances``: how many instances of this model the worker runs (on ``device``);
-    ``install_requirements``: install a TorchServe archive's ``requirements.txt``;
+    ``archives``: how a TorchServe archive loads (default :class:`ArchiveOptions`);
     ``device``: the index of the CUDA device to load it on (None: the CPU). Each instance
     calls :meth:`ModelBackend.instance` of what this returns (a ``shareable`` one: of one
     loaded object per device).
@@ -48,7 +62,7 @@ def load_backend(
     if config.backend is Backend.TORCHSERVE:
         from workers.backends.torchserve_backend import TorchServeBackend
 
-        return TorchServeBackend(config, version_dir, install_requirements, device)
+        return TorchServeBackend(config, version_dir, archives or ArchiveOptions(), device)
     raise ConfigError(
         f"{version_dir}: backend {config.backend.value!r} is not available in this worker yet"
     )

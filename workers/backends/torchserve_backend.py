@@ -30,6 +30,10 @@ working directory. A Weir worker runs many models in one process, so:
   handlers put their model on ``cuda:<gpu_id>`` when it is set and CUDA is available.
 - The archive's ``requirements.txt`` is installed only when the worker allows it
   (:mod:`workers.backends.torchserve_requirements`); otherwise it is said once, at info.
+- JSON and text inputs reach the handler decoded unless the worker's
+  ``ts_decode_input_request`` (TorchServe's ``decode_input_request``) is false, or the
+  handler set ``TS_DECODE_INPUT_REQUEST`` as it loaded (then that value, for this archive
+  alone: TorchServe's backend reads the variable for each request of its one model).
 
 Each batch holds ``body`` (a raw body: ``{"body": bytearray}``) or ``ts_request`` (a whole
 TorchServe request, :mod:`weir.torchserve.envelope`) per request; ``handle`` gets one dict per
@@ -64,6 +68,7 @@ from weir.errors import (
     WeirError,
 )
 from weir.torchserve import archive, envelope
+from workers.backends import ArchiveOptions
 from workers.backends.base import ModelBackend
 from workers.backends.torchserve_context import (
     Context,
@@ -95,9 +100,10 @@ class TorchServeBackend(ModelBackend):
         self,
         config: ModelConfig,
         version_dir: Path,
-        install_requirements: bool = False,
+        options: ArchiveOptions | None = None,
         device: int | None = None,
     ) -> None:
+        options = options or ArchiveOptions()
         self.config = config
         self.device = device
         self.batches = config.max_batch_size > 0
@@ -114,12 +120,15 @@ class TorchServeBackend(ModelBackend):
             archive.read_model_config(self.model_dir),
         )
         loader = HandlerLoader(
-            config.name, self.path, self.model_dir, self.manifest, install_requirements
+            config.name, self.path, self.model_dir, self.manifest, options.install_requirements
         )
         self.entry_point = loader.load(self.context)
+        self.decode = (
+            options.decode_input_request if loader.decode_input is None else (loader.decode_input)
+        )
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        data, states = handler_inputs(self.config.name, inputs)
+        data, states = handler_inputs(self.config.name, inputs, self.decode)
         self.context.begin_batch([str(uuid.uuid4()) for _ in data], states)
         results = self._handle(data)
         return self._answers(results, states)

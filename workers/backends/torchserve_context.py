@@ -314,10 +314,13 @@ def decode_value(content_type: str, value: bytes) -> Any:
 
 
 def handler_inputs(
-    model: str, inputs: Mapping[str, np.ndarray]
+    model: str, inputs: Mapping[str, np.ndarray], decode: bool = True
 ) -> tuple[list[dict[str, Any]], list[RequestState]]:
-    """The ``data`` a handler's ``handle`` gets for a batch, and each request's state."""
-    pairs = [handler_input(request) for request in read_requests(model, inputs)]
+    """The ``data`` a handler's ``handle`` gets for a batch, and each request's state.
+
+    ``decode``: JSON and text values decoded (:func:`decode_value`), else bytearrays.
+    """
+    pairs = [handler_input(request, decode) for request in read_requests(model, inputs)]
     return [data for data, _ in pairs], [state for _, state in pairs]
 
 
@@ -343,7 +346,7 @@ def _raw(element: Any) -> bytes:
     return element.encode("utf-8") if isinstance(element, str) else bytes(element)
 
 
-def handler_input(request: TsRequest) -> tuple[dict[str, Any], RequestState]:
+def handler_input(request: TsRequest, decode: bool = True) -> tuple[dict[str, Any], RequestState]:
     """One request's element of ``data`` and its :class:`RequestState`.
 
     The request headers hold, as TorchServe's, ``{name: {"content-type": ...}}`` for each
@@ -352,7 +355,10 @@ def handler_input(request: TsRequest) -> tuple[dict[str, Any], RequestState]:
     data: dict[str, Any] = {}
     headers: dict[str, Any] = {}
     for parameter in request.parameters:
-        data[parameter.name] = decode_value(parameter.content_type, parameter.value)
+        value = parameter.value
+        data[parameter.name] = (
+            decode_value(parameter.content_type, value) if decode else bytearray(value)
+        )
         headers[parameter.name] = {CONTENT_TYPE: parameter.content_type}
     headers.update(request.headers)
     return data, RequestState(headers)

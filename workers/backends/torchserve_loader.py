@@ -44,6 +44,8 @@ _IMPORT_LOCK = threading.RLock()
 _LOADS = itertools.count()
 _MODULE_PREFIX = "weir_torchserve_"  # of each handler module's name, unique to its load
 _TOLD_REQUIREMENTS: set[Path] = set()
+# What TorchServe's backend reads, per request, to decode JSON and text inputs or not.
+DECODE_ENV = "TS_DECODE_INPUT_REQUEST"
 
 
 @dataclass(frozen=True)
@@ -73,6 +75,8 @@ class HandlerLoader:
         self.model_dir = model_dir
         self.manifest = manifest
         self.handler = manifest.handler
+        # Whether the handler turned input decoding on or off as it loaded; None: it did not.
+        self.decode_input: bool | None = None
 
     def load(self, context: Context) -> EntryPoint:
         """The handler's entry point, initialized with ``context``."""
@@ -84,11 +88,33 @@ class HandlerLoader:
         self._requirements()
         module_name, _, function_name = self.handler.partition(":")
         module_name = module_name.removesuffix(".py").split("/")[-1]
-        with archive_imports(self.model_dir, skip=f"{module_name}.py"):
+        with archive_imports(self.model_dir, skip=f"{module_name}.py"), self._decoding():
             module = self._import(module_name)
             entry = self._entry_point(module, function_name or "handle")
             self._initialize(entry, context)
         return entry
+
+    @contextmanager
+    def _decoding(self) -> Iterator[None]:
+        """Note a handler's own ``TS_DECODE_INPUT_REQUEST``, then put the environment back.
+
+        TorchServe's backend reads it from the process environment for every request, and
+        handlers set it as they load to parse their inputs themselves. A Weir worker hosts
+        many archives in one process, so the value a handler sets is that archive's choice
+        (:attr:`decode_input`), and the next archive loads in the environment as it was.
+        Reading the environment here is TorchServe's handler contract, not a Weir setting.
+        """
+        before = os.environ.get(DECODE_ENV)
+        try:
+            yield
+            after = os.environ.get(DECODE_ENV)
+            if after != before:  # TorchServe decodes when it is unset or exactly "true"
+                self.decode_input = after is None or after == "true"
+        finally:
+            if before is None:
+                os.environ.pop(DECODE_ENV, None)
+            else:
+                os.environ[DECODE_ENV] = before
 
     def _import(self, module_name: str) -> ModuleType:
         file = self.model_dir / f"{module_name}.py"
