@@ -12,12 +12,12 @@ package. Where Weir differs:
 - ``context.metrics`` (:class:`HandlerMetrics`) keeps each metric's last value per
   dimensions in memory and logs it at debug; it publishes nothing.
 - Streaming (``send_intermediate_predict_response``) is not served: ``cl_socket`` is None.
-- Parameters are always decoded (TorchServe's ``TS_DECODE_INPUT_REQUEST=false`` is not
-  read), and the sequence headers keep TorchServe's default names.
+- The sequence headers keep TorchServe's default names.
 
 :func:`handler_inputs` turns a batch's ``body`` or ``ts_request`` elements into the dicts
-TorchServe's backend hands the handler, decoding each parameter by its content type (a raw
-``body`` is the parameter ``body`` with no content type: a bytearray); :func:`serialize`
+TorchServe's backend hands the handler, decoding each parameter by its content type unless
+decoding is off (TorchServe's ``decode_input_request``; a raw ``body`` is the parameter
+``body`` with no content type: a bytearray); :func:`serialize`
 turns one element of the handler's answer into bytes as TorchServe's
 ``create_predict_response`` does.
 """
