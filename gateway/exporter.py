@@ -5,7 +5,8 @@ prometheus-client's multiprocess directory when there are several). What the wor
 per batch, and the queued-request counters, live in Redis and are read at scrape time: the
 execution and inference counts, the batch-size histogram and the pending-request gauge. The
 gpu-pool workers' NVML samples become Triton's ``nv_gpu_*`` and ``nv_energy_consumption``
-series, one per GPU (``gpu_uuid``), while their hashes live.
+series, one per GPU (``gpu_uuid``), while their hashes live; what TorchServe handlers record,
+series of their own names (:mod:`gateway.handler_families`).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from prometheus_client.core import (
 )
 from prometheus_client.registry import Collector
 
+from gateway.handler_families import handler_families
 from gateway.metrics_server import ScrapeLimits, serve_metrics
 from weir import names
 from weir.config import Backend
@@ -97,12 +99,20 @@ class MeshCollector(Collector):
             batch.add_metric([model, version], _buckets(counts), inferred)
         yield from (executions, inferences, pending, batch)
         yield from self._gpus()
+        yield from self._handlers()
 
     def _gpus(self) -> list[Metric]:
         try:
             return gpu_families(self.redis)
         except redis.RedisError as exc:
             logger.warning("metrics: GPU samples unreadable: %s", exc)
+            return []
+
+    def _handlers(self) -> list[Metric]:
+        try:
+            return handler_families(self.redis)
+        except redis.RedisError as exc:
+            logger.warning("metrics: the handlers' metrics are unreadable: %s", exc)
             return []
 
     def _read(

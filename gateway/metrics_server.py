@@ -68,12 +68,37 @@ UNSUFFIXED_COUNTERS = (
 
 
 def exposition(registry: Collector) -> bytes:
-    """The text format of ``registry``, with :data:`UNSUFFIXED_COUNTERS` named as theirs."""
+    """The text format of ``registry``, counters named without ``_total`` named as theirs.
+
+    Those of :data:`UNSUFFIXED_COUNTERS`, and any counter whose first sample is named
+    without the suffix (a TorchServe handler's own, say).
+    """
     body = generate_latest(registry)
     for name in UNSUFFIXED_COUNTERS:
         if name.encode() in body:
-            for line in (b"# HELP ", b"# TYPE "):
-                body = body.replace(line + name.encode() + b"_total ", line + name.encode() + b" ")
+            body = _unsuffixed(body, name.encode())
+    if b"_total counter\n" not in body:
+        return body
+    lines = body.split(b"\n")
+    for index, line in enumerate(lines[:-1]):
+        if line.startswith(b"# TYPE ") and line.endswith(b"_total counter"):
+            _name_as_sampled(lines, index, line[len(b"# TYPE ") : -len(b"_total counter")])
+    return b"\n".join(lines)
+
+
+def _name_as_sampled(lines: list[bytes], index: int, family: bytes) -> None:
+    """The HELP and TYPE lines before ``lines[index + 1]`` without ``_total``, if it has none."""
+    if not lines[index + 1].startswith((family + b"{", family + b" ")):
+        return
+    lines[index] = b"# TYPE " + family + b" counter"
+    help_line = b"# HELP " + family + b"_total "
+    if index and lines[index - 1].startswith(help_line):
+        lines[index - 1] = b"# HELP " + family + b" " + lines[index - 1][len(help_line) :]
+
+
+def _unsuffixed(body: bytes, name: bytes) -> bytes:
+    for line in (b"# HELP ", b"# TYPE "):
+        body = body.replace(line + name + b"_total ", line + name + b" ")
     return body
 
 

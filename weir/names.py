@@ -121,3 +121,16 @@ def gpu_stats(gpu_uuid: str) -> str:
 
 def gpu_stats_pattern() -> str:
     return f"{PREFIX}:gpu:*"
+
+
+def handler_metrics(worker: str) -> str:
+    """What a worker's TorchServe handlers recorded (a hash of series, weir.handler_metrics).
+
+    The worker rewrites it every few seconds with a TTL of a few intervals: the series of a
+    worker that died drop out of the metrics when its key expires.
+    """
+    return f"{PREFIX}:handler-metrics:{worker}"
+
+
+def handler_metrics_pattern() -> str:
+    return f"{PREFIX}:handler-metrics:*"

@@ -373,6 +373,12 @@ class WorkerSettings(ServiceSettings):
         "decode_input_request); false: their bytes. A handler that sets TS_DECODE_INPUT_REQUEST "
         "when it loads chooses for itself",
     )
+    handler_metrics_interval_s: float = Field(
+        2.0,
+        gt=0,
+        description="how often what TorchServe handlers record (context.metrics) is published "
+        "to Redis for the metrics port (each publication lives three intervals)",
+    )
     gpu_metrics_interval_s: float = Field(
         2.0,
         gt=0,

@@ -45,6 +45,7 @@ from workers.backends import ArchiveOptions, load_backend
 from workers.backends.base import ModelBackend
 from workers.execution import BatchRunner
 from workers.gpu_metrics import GpuSampler
+from workers.handler_metrics import HandlerMetricsPublisher
 from workers.lane import WorkerLane
 from workers.lane_run import LaneRun
 from workers.memory import IdleTrim, limit_arenas, malloc_trim
@@ -302,6 +303,10 @@ class Worker(Service):
         self.stall.start()
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
+        handler_metrics = HandlerMetricsPublisher(
+            self.redis, self.worker_id, self.settings.handler_metrics_interval_s, self._backends
+        )
+        self.tasks.spawn(handler_metrics.run(self.should_exit), "handler metrics")
         idle = IdleTrim(self.settings.trim_memory_idle_s, self._last_batch_s)
         self.tasks.spawn(idle.run(self.should_exit), "memory trim")
         if self.settings.pool == "gpu":
@@ -312,6 +317,9 @@ class Worker(Service):
             self.tasks.spawn(self._retire(), "retire lanes")
         await self.should_exit.wait()
         await self._drain()
+
+    def _backends(self) -> list[ModelBackend]:
+        return [runner.backend for run in self.runs.values() for runner in run.lane.runners]
 
     def _last_batch_s(self) -> float:
         return max((run.lane.last_batch_s for run in self.runs.values()), default=0.0)

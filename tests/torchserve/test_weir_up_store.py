@@ -14,6 +14,7 @@ HANDLER = """
 def handle(data, context):
     if data is None:
         return None
+    context.metrics.add_counter("Greetings", len(data))
     return [
         {
             "got": bytes(row["body"]).decode(),
@@ -57,4 +58,18 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
         (described,) = httpx.get(f"http://127.0.0.1:{management_port}/models/hello").json()
         assert (described["batchSize"], described["maxBatchDelay"]) == (4, 20)
         assert described["loadedAtStartup"] is True
-        assert httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").status_code == 200
+
+        # What the handler recorded, and TorchServe's PredictionTime, under their names.
+        def scraped() -> list[str]:
+            return httpx.get(f"http://127.0.0.1:{metrics_port}/metrics").text.splitlines()
+
+        def greeted() -> bool:
+            return any(line.startswith("Greetings{") for line in scraped())
+
+        wait_until(greeted, 10, "the handler's metric on the metrics port")
+        lines = scraped()
+        (greetings,) = [line for line in lines if line.startswith("Greetings{")]
+        assert 'Level="Model",ModelName="hello"' in greetings
+        assert greetings.endswith(" 1.0")
+        assert "# TYPE Greetings counter" in lines
+        assert [line for line in lines if line.startswith("PredictionTime{")]

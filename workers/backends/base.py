@@ -10,6 +10,7 @@ import numpy as np
 from weir.autocomplete import model_path
 from weir.config import ModelConfig
 from weir.errors import ConfigError
+from weir.handler_metrics import HandlerSample
 from workers.threads import ThreadShare, available_cores
 
 
@@ -30,6 +31,10 @@ class ModelBackend(ABC):
         shares its weights and has a CUDA stream (and staging buffers) of its own.
         """
         return self
+
+    def handler_samples(self) -> list[HandlerSample]:
+        """The metrics a handler of this instance recorded (TorchServe archives); none else."""
+        return []
 
     @abstractmethod
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -67,6 +67,7 @@ from weir.errors import (
     Unavailable,
     WeirError,
 )
+from weir.handler_metrics import HandlerSample
 from weir.torchserve import archive, envelope
 from workers.backends import ArchiveOptions
 from workers.backends.base import ModelBackend
@@ -123,9 +124,11 @@ class TorchServeBackend(ModelBackend):
             config.name, self.path, self.model_dir, self.manifest, options.install_requirements
         )
         self.entry_point = loader.load(self.context)
-        self.decode = (
-            options.decode_input_request if loader.decode_input is None else (loader.decode_input)
-        )
+        chosen = loader.decode_input  # the handler's own choice, if it made one
+        self.decode = options.decode_input_request if chosen is None else chosen
+
+    def handler_samples(self) -> list[HandlerSample]:
+        return self.context.metrics.samples()
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         data, states = handler_inputs(self.config.name, inputs, self.decode)

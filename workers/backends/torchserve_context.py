@@ -9,8 +9,8 @@ package. Where Weir differs:
 - :meth:`Context.get_request_header` falls back to a case-insensitive match when the exact
   name is absent (TorchServe's lookup is exact). Weir's gateway may hand header names
   lower-cased, as HTTP/2 does, and a handler asking for ``Content-Type`` still finds it.
-- ``context.metrics`` (:class:`HandlerMetrics`) keeps each metric's last value per
-  dimensions in memory and logs it at debug; it publishes nothing.
+- ``context.metrics`` is :class:`~workers.backends.torchserve_metrics.HandlerMetrics`:
+  what a handler records reaches the metrics port (:mod:`weir.handler_metrics`).
 - Streaming (``send_intermediate_predict_response``) is not served: ``cl_socket`` is None.
 - The sequence headers keep TorchServe's default names.
 
@@ -28,8 +28,7 @@ import io
 import json
 import logging
 import sys
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -38,6 +37,7 @@ import orjson
 from weir.errors import InvalidInput
 from weir.torchserve import envelope
 from weir.torchserve.envelope import TsRequest
+from workers.backends.torchserve_metrics import HandlerMetrics
 
 logger = logging.getLogger(__name__)
 
@@ -89,127 +89,6 @@ class RequestState:
 
     def get_response_header(self, key: str) -> str | None:
         return self._response_headers.get(key)
-
-
-@dataclass
-class RecordedMetric:
-    """A metric a handler reported: its last value for each set of dimension values."""
-
-    name: str
-    unit: str
-    dimension_names: list[str] = field(default_factory=list)
-    metric_type: str = "counter"
-    values: dict[tuple[str, ...], float] = field(default_factory=dict)
-
-    def add_or_update(
-        self, value: float, dimension_values: Iterable[Any] = (), request_id: str = ""
-    ) -> None:
-        """Record ``value`` for ``dimension_values`` (TorchServe's CachingMetric API)."""
-        key = tuple(str(v) for v in dimension_values)
-        self.values[key] = value
-        logger.debug("metric %s%s = %s %s %s", self.name, key, value, self.unit, request_id)
-
-    def update(self, value: float, request_id: str = "", dimensions: Iterable[Any] = ()) -> None:
-        """The older API: dimensions as Dimension objects (with ``.value``)."""
-        self.add_or_update(value, [getattr(d, "value", d) for d in dimensions], request_id)
-
-
-class HandlerMetrics:
-    """``context.metrics``: TorchServe's metrics cache API, recording in memory.
-
-    Units and types are taken as given: a call TorchServe accepts never raises here.
-    """
-
-    def __init__(self, model_name: str) -> None:
-        self.model_name = model_name
-        self.cache: dict[tuple[str, str], RecordedMetric] = {}
-        self.request_ids: Any = None
-
-    def set_request_ids(self, request_ids: Any) -> None:
-        self.request_ids = request_ids
-
-    def add_metric_to_cache(
-        self,
-        metric_name: str,
-        unit: str,
-        dimension_names: Iterable[str] = (),
-        metric_type: Any = "counter",
-    ) -> RecordedMetric:
-        kind = _type_name(metric_type)
-        metric = RecordedMetric(metric_name, unit, list(dimension_names), kind)
-        self.cache[(kind, metric_name)] = metric
-        return metric
-
-    def get_metric(self, metric_name: str, metric_type: Any = "counter") -> RecordedMetric:
-        """The metric of that name and type; created unitless if the handler made none."""
-        metric = self.cache.get((_type_name(metric_type), metric_name))
-        return metric or self.add_metric_to_cache(metric_name, "", (), metric_type)
-
-    def add_metric(
-        self,
-        name: str,
-        value: float,
-        unit: str,
-        idx: Any = None,
-        dimensions: Iterable[Any] = (),
-        metric_type: Any = "counter",
-    ) -> None:
-        self._record(name, value, unit, dimensions, metric_type)
-
-    def add_counter(
-        self, name: str, value: float, idx: Any = None, dimensions: Iterable[Any] = ()
-    ) -> None:
-        self._record(name, value, "count", dimensions, "counter")
-
-    def add_time(
-        self,
-        name: str,
-        value: float,
-        idx: Any = None,
-        unit: str = "ms",
-        dimensions: Iterable[Any] = (),
-        metric_type: Any = "gauge",
-    ) -> None:
-        self._record(name, value, unit, dimensions, metric_type)
-
-    def add_size(
-        self,
-        name: str,
-        value: float,
-        idx: Any = None,
-        unit: str = "MB",
-        dimensions: Iterable[Any] = (),
-        metric_type: Any = "gauge",
-    ) -> None:
-        self._record(name, value, unit, dimensions, metric_type)
-
-    def add_percent(
-        self,
-        name: str,
-        value: float,
-        idx: Any = None,
-        dimensions: Iterable[Any] = (),
-        metric_type: Any = "gauge",
-    ) -> None:
-        self._record(name, value, "percent", dimensions, metric_type)
-
-    def add_error(self, name: str, value: float, dimensions: Iterable[Any] = ()) -> None:
-        self._record(name, value, "", dimensions, "counter")
-
-    def _record(
-        self, name: str, value: float, unit: str, dimensions: Iterable[Any], metric_type: Any
-    ) -> None:
-        dims = list(dimensions)
-        metric = self.cache.get((_type_name(metric_type), name))
-        if metric is None:
-            names = [str(getattr(d, "name", d)) for d in dims]
-            metric = self.add_metric_to_cache(name, unit, names, metric_type)
-        metric.add_or_update(value, [getattr(d, "value", d) for d in dims])
-
-
-def _type_name(metric_type: Any) -> str:
-    """A MetricTypes member (``.value``) or a plain string, as a lower-case name."""
-    return str(getattr(metric_type, "value", metric_type)).lower()
 
 
 class Context:
