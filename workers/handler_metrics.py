@@ -65,13 +65,22 @@ class HandlerMetricsPublisher:
         samples = self.samples()
         if not samples and not self.published:
             return
+        ttl_ms = max(int(self.interval_s * TTL_INTERVALS * 1000), 1)
+        flat = [item for pair in encode(samples).items() for item in pair]
         try:
-            pipe = self.redis.pipeline(transaction=True)  # one key: readers never see it half
-            pipe.delete(self.key)
-            if samples:
-                pipe.hset(self.key, mapping=encode(samples))  # type: ignore[arg-type]
-                pipe.pexpire(self.key, max(int(self.interval_s * TTL_INTERVALS * 1000), 1))
-            await pipe.execute()
+            await self.redis.register_script(_REWRITE)([self.key], [ttl_ms, *flat])
             self.published = bool(samples)
         except RedisError as exc:
             logger.warning("could not publish the handlers' metrics: %s", exc)
+
+
+# KEYS: the hash. ARGV: ttl_ms, field, value, ... One script, so that a scrape never sees the
+# hash half written (a counter would seem to fall back). HSET in slices: Lua's unpack has a
+# stack limit.
+_REWRITE = """
+redis.call('DEL', KEYS[1])
+for i = 2, #ARGV, 1000 do
+  redis.call('HSET', KEYS[1], unpack(ARGV, i, math.min(i + 999, #ARGV)))
+end
+if #ARGV > 1 then redis.call('PEXPIRE', KEYS[1], ARGV[1]) end
+"""
