@@ -12,24 +12,12 @@ import uuid
 from typing import Any
 
 from gateway.handler_families import handler_families
+from tests.workers.test_handler_metrics import Instance
 from weir import names
-from weir.handler_metrics import HandlerSample
 from weir.liveness import Heartbeat, live_consumers, prolong
 from weir.redis_io.connection import connect, connect_sync
-from workers.backends.base import ModelBackend
 from workers.backends.torchserve_metrics import HandlerMetrics
 from workers.handler_metrics import HandlerMetricsPublisher
-
-
-class Instance(ModelBackend):
-    def __init__(self, metrics: HandlerMetrics) -> None:
-        self.metrics = metrics
-
-    def handler_samples(self) -> list[HandlerSample]:
-        return self.metrics.samples()
-
-    def infer(self, inputs: dict[str, Any]) -> dict[str, Any]:
-        return {}
 
 
 def test_workers_hashes_on_several_primaries_are_all_served(redis_cluster: Any) -> None:
