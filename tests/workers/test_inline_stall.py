@@ -23,16 +23,16 @@ from tests.weir_up import weir_up
 from weir import names
 
 HANDLER = """
-import time
+import threading
 
 
 class HangsOnBigInputs:
     def initialize(self, context):
-        pass
+        self.never = threading.Event()
 
     def inference(self, batch):
-        while float(batch["X"].reshape(-1)[0]) > 100:
-            time.sleep(0.01)
+        if float(batch["X"].reshape(-1)[0]) > 100:
+            self.never.wait()  # a lock never released, say
         return {"Y": batch["X"]}
 """
 STALL_S = 3
