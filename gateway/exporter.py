@@ -32,6 +32,7 @@ from weir import names
 from weir.config import Backend
 from weir.control.desired import DesiredState
 from weir.redis_io.connection import connect_sync
+from weir.redis_io.hashes import hashes_matching
 from weir.repository import ModelEntry
 from weir.stats import Field, batch_sizes
 
@@ -139,13 +140,10 @@ def _buckets(counts: dict[str, int]) -> list[tuple[str, float]]:
 
 def gpu_families(client: redis.Redis) -> list[Metric]:
     """Triton's GPU series from the GPU hashes that exist now; none when there are none."""
-    keys = list(client.scan_iter(match=names.gpu_stats_pattern(), count=100))
-    if not keys:
+    found = hashes_matching(client, names.gpu_stats_pattern())
+    if not found:
         return []
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-    samples = [{k.decode(): v.decode() for k, v in raw.items()} for raw in pipe.execute() if raw]
+    samples = [{k.decode(): v.decode() for k, v in raw.items()} for raw in found]
     gauges = [GaugeMetricFamily(n, doc, labels=[names.GPU_UUID]) for n, doc, _ in GPU_GAUGES]
     # Triton's counter has no _total suffix; its samples keep Triton's name exactly.
     energy = Metric(ENERGY, "GPU energy consumption in joules since the driver loaded", "counter")

@@ -16,19 +16,15 @@ from prometheus_client.core import Metric
 
 from weir import names
 from weir.handler_metrics import HandlerSample, decode, merge, metric_name
+from weir.redis_io.hashes import hashes_matching
 
 RESERVED_PREFIXES = ("weir_", "nv_")
 
 
 def handler_families(client: redis.Redis) -> list[Metric]:
     """The handlers' series from the workers' hashes that exist now; none when there are none."""
-    keys = list(client.scan_iter(match=names.handler_metrics_pattern(), count=100))
-    if not keys:
-        return []
-    pipe = client.pipeline(transaction=False)
-    for key in keys:
-        pipe.hgetall(key)
-    samples = merge(sample for raw in pipe.execute() if raw for sample in decode(raw))
+    found = hashes_matching(client, names.handler_metrics_pattern())
+    samples = merge(sample for raw in found for sample in decode(raw))
     return families_of(samples)
 
 
