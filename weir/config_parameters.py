@@ -10,6 +10,9 @@ MAX_INPUT_BYTES = "max_input_bytes"
 # The longest one batch may run on an instance (TorchServe's responseTimeout): past it the
 # batch's requests are answered with an error and the worker exits, for a fresh one.
 RESPONSE_TIMEOUT_S = "response_timeout_s"
+# The longest loading a version's instances (and warming them up) may take (TorchServe's
+# startupTimeout): past it the load is reported failed and the worker exits, for a fresh one.
+LOAD_TIMEOUT_S = "load_timeout_s"
 
 
 def flatten_parameters(raw: dict[str, Any]) -> dict[str, str]:
@@ -30,8 +33,8 @@ def check_max_input_bytes(raw: str | None) -> None:
         raise ValueError(f"parameter {MAX_INPUT_BYTES} must be a whole number of bytes > 0")
 
 
-def check_response_timeout_s(raw: str | None) -> None:
-    """Refuse a ``response_timeout_s`` that is no number of seconds above 0."""
+def check_seconds(name: str, raw: str | None) -> None:
+    """Refuse a parameter ``name`` that is no number of seconds above 0."""
     if raw is None:
         return
     try:
@@ -39,13 +42,14 @@ def check_response_timeout_s(raw: str | None) -> None:
     except ValueError:
         seconds = 0.0
     if not 0 < seconds < float("inf"):
-        raise ValueError(f"parameter {RESPONSE_TIMEOUT_S} must be a number of seconds > 0")
+        raise ValueError(f"parameter {name} must be a number of seconds > 0")
 
 
 def check_parameters(parameters: dict[str, str]) -> None:
     """Refuse a value Weir cannot read in the parameters it reads itself."""
     check_max_input_bytes(parameters.get(MAX_INPUT_BYTES))
-    check_response_timeout_s(parameters.get(RESPONSE_TIMEOUT_S))
+    for name in (RESPONSE_TIMEOUT_S, LOAD_TIMEOUT_S):
+        check_seconds(name, parameters.get(name))
 
 
 def seconds_or_none(parameters: dict[str, str], name: str) -> float | None:

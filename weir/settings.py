@@ -355,6 +355,13 @@ class WorkerSettings(ServiceSettings):
         description="batches that recently took this long in wall time run in a thread; a "
         "model of one instance runs shorter ones in the event loop",
     )
+    load_timeout_s: float = Field(
+        0.0,
+        ge=0,
+        description="a version whose instances take this long to load and warm up is "
+        "reported failed and the worker exits for its supervisor to replace (0: no limit); a "
+        "model's load_timeout_s parameter overrides it",
+    )
     inline_stall_s: float = Field(
         60.0,
         ge=0,
