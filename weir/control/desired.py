@@ -160,7 +160,7 @@ class DesiredStore:
                     if changed == current and raw is not None:
                         return current
                     new = replace(changed, generation=current.generation + 1)
-                    pipe.multi()  # type: ignore[no-untyped-call]
+                    cast(Any, pipe).multi()  # typed in some redis-py releases only
                     pipe.set(self.key, new.encode())
                     pipe.set(self.generation_key, new.generation)
                     await pipe.execute()

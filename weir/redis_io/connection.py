@@ -28,6 +28,12 @@ from weir.redis_io import redis_target, retry
 DEFAULT_MAX_CONNECTIONS = 64
 POOL_WAIT_S = 10.0
 
+# redis-py types these constructors in some releases and not in others (its Sentinels gained
+# types in 8.2); taken as Any, one source checks clean against every release we accept.
+_Sentinel: Any = Sentinel
+_SyncSentinel: Any = redis.sentinel.Sentinel
+_SyncClusterNode: Any = redis.cluster.ClusterNode
+
 
 def connect(url: str, *, retries: int = 5, max_connections: int = DEFAULT_MAX_CONNECTIONS) -> Redis:
     """A client for ``url`` that retries connection failures with exponential backoff."""
@@ -66,28 +72,20 @@ def connect_sync(url: str, **options: Any) -> redis.Redis:
     target = redis_target.parse(url)
     if target.is_cluster:
         server = {k: v for k, v in _server_options(target).items() if k != "db"}
-        nodes = [
-            redis.cluster.ClusterNode(host, port)  # type: ignore[no-untyped-call]
-            for host, port in target.cluster
-        ]
+        nodes = [_SyncClusterNode(host, port) for host, port in target.cluster]
         cluster = redis.cluster.RedisCluster(startup_nodes=nodes, **server, **options)
         return cast(redis.Redis, cluster)
     if not target.is_sentinel:
         return redis.Redis.from_url(url, **options)
     sentinel, server = _sentinel_options(target)
-    # redis-py leaves its sync Sentinel untyped.
-    sentinels = redis.sentinel.Sentinel(  # type: ignore[no-untyped-call]
-        list(target.sentinels), sentinel_kwargs=sentinel, **server
-    )
-    client: redis.Redis = sentinels.master_for(target.service, **options)  # type: ignore[no-untyped-call]
+    sentinels = _SyncSentinel(list(target.sentinels), sentinel_kwargs=sentinel, **server)
+    client: redis.Redis = sentinels.master_for(target.service, **options)
     return client
 
 
 def _sentinel_client(target: redis_target.Target, options: dict[str, Any]) -> Redis:
     sentinel, server = _sentinel_options(target)
-    sentinels = Sentinel(  # type: ignore[no-untyped-call]  # redis-py leaves it untyped
-        list(target.sentinels), sentinel_kwargs=sentinel, **server
-    )
+    sentinels = _Sentinel(list(target.sentinels), sentinel_kwargs=sentinel, **server)
     client: Redis = sentinels.master_for(target.service, redis_class=Redis, **options)
     return client
 
