@@ -25,7 +25,7 @@ import sys
 import time
 
 from weir.redis_server import RedisServer
-from weir.service import Service, run
+from weir.service import EXIT_REPLACE, Service, run
 from weir.up_plan import PLAN_ENV, UpPlan
 
 logger = logging.getLogger(__name__)
@@ -78,11 +78,23 @@ class Embedded(Service):
     async def _wait_ready(self, timeout_s: float = 120.0) -> None:
         deadline = time.monotonic() + timeout_s
         while not await _http_ok(self.plan.http_port, "/v2/health/ready"):
+            await self._replace_ended()
             if self._dead_child() or time.monotonic() > deadline or self.should_exit.is_set():
                 raise RuntimeError(
                     f"the mesh did not become ready ({self._dead_child() or 'timeout'})"
                 )
             await asyncio.sleep(0.2)
+
+    async def _replace_ended(self) -> None:
+        """Start again, before the mesh is ready, a service that ended itself to be replaced.
+
+        A worker whose start model's load ran past its timeout does (workers.loading); any
+        other death before ready stops Weir, since the mesh cannot start.
+        """
+        for name, args in self._services():
+            if self.children[name].returncode == EXIT_REPLACE:
+                logger.warning("%s exited to be replaced; starting it again", name)
+                self.children[name] = await self._spawn(args)
 
     def _dead_child(self) -> str | None:
         return next((n for n, p in self.children.items() if p.returncode is not None), None)

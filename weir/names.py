@@ -53,6 +53,11 @@ def model_stats(model: str, version: str) -> str:
     return _model_key(model, version, "stats")
 
 
+def timed_out_load(model: str, version: str, pool: str) -> str:
+    """The load attempt of a version that ran past its timeout in a pool, and why."""
+    return _model_key(model, version, f"load-timed-out:{pool}")
+
+
 def route_state(request_id: str) -> str:
     """The tensors and step claims of one pipeline request, while it runs."""
     return f"{PREFIX}:route:{{{request_id}}}"

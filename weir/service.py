@@ -19,6 +19,10 @@ logger = logging.getLogger(__name__)
 
 HANDLED_SIGNALS = (signal.SIGINT, signal.SIGTERM)
 RECANCEL_S = 0.1  # how often TaskSet.cancel_all cancels again a task that did not end
+# The exit status of a service that ends itself for a fresh one to take its place: work it can
+# neither stop nor wait for (a batch or a load past its limit) still runs in a thread.
+# sysexits' EX_TEMPFAIL, "try again"; not 3, which uvicorn exits with when it cannot start.
+EXIT_REPLACE = 75
 
 
 class TaskSet:

@@ -12,6 +12,8 @@ thread while the others serve, warms up (``model_warmup``), and only then reads;
 replaces a lane once the new one is warm (the old one finishing what it took); a failed load
 is reported and leaves the old lane serving; a lane no longer desired serves until its
 version admits nothing and its accepted requests are answered, then gives its memory back.
+A load that runs past the model's load timeout is reported failed and ends the worker, for a
+fresh one (:mod:`workers.loading`).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import asyncio
 import gc
 import logging
 import uuid
+from functools import partial
 
 from redis.exceptions import RedisError
 
@@ -48,9 +51,10 @@ from workers.gpu_metrics import GpuSampler
 from workers.handler_metrics import HandlerMetricsPublisher
 from workers.lane import WorkerLane
 from workers.lane_run import LaneRun
+from workers.loading import LoadTimedOut, TimedOutLoads, load_timeout, load_within
 from workers.memory import IdleTrim, limit_arenas, malloc_trim
 from workers.placement import POOL_KINDS, instance_count, place
-from workers.stall import StallGuard
+from workers.stall import StallGuard, exit_stuck
 from workers.threads import ThreadShare
 from workers.warmup import run_warmup
 
@@ -86,6 +90,7 @@ class Worker(Service):
         self.started = False
         # The worker's threads (every backend's), shared out among the batches computing.
         self.threads = ThreadShare(settings.torch_threads)
+        self.timed_out = TimedOutLoads(self.redis, settings.pool)
         self.heartbeat = Heartbeat(
             self.redis, names.WORKER_GROUP, self.worker_id, settings.heartbeat_ttl_s, self._served
         )
@@ -143,7 +148,10 @@ class Worker(Service):
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
-                runners = self._build(entry, version)
+                try:
+                    runners = await self._load_runners(entry, version)
+                except LoadTimedOut as exc:
+                    raise ConfigError(f"model '{entry.name}' version {version}: {exc}") from None
                 await self._start(
                     WorkerLane(
                         self.link,
@@ -195,6 +203,20 @@ class Worker(Service):
         for runner in runners:
             run_warmup(entry.config, runner, entry.path)
         return runners
+
+    async def _load_runners(self, entry: ModelEntry, version: str) -> list[BatchRunner]:
+        """A lane's runners, built within the model's load timeout (:mod:`workers.loading`).
+
+        Raises:
+            LoadTimedOut: The load ran past its timeout, here or in an earlier worker.
+        """
+        if self.control:
+            earlier = await self.timed_out.reason(entry.name, version, entry.failure_stamp(version))
+            if earlier is not None:
+                raise LoadTimedOut(earlier, fresh=False)
+        limit_s = load_timeout(entry.config, self.settings.load_timeout_s)
+        build = partial(self._build, entry, version)
+        return await load_within(build, limit_s, f"{entry.name}:{version}")
 
     async def _start(self, lane: WorkerLane) -> None:
         """Start reading a lane's batch stream, replacing the lane it supersedes."""
@@ -252,12 +274,16 @@ class Worker(Service):
 
     async def _load(self, entry: ModelEntry, version: str, count: int) -> None:
         key, stamp = (entry.name, version), entry.stamp(version)
+        attempt = entry.failure_stamp(version)
         try:
-            runners = await asyncio.to_thread(self._build, entry, version)
+            runners = await self._load_runners(entry, version)
         except Exception as exc:
-            reason = str(exc) if isinstance(exc, ConfigError) else f"{type(exc).__name__}: {exc}"
+            plain = isinstance(exc, ConfigError | LoadTimedOut)
+            reason = str(exc) if plain else f"{type(exc).__name__}: {exc}"
             logger.error("cannot load %s:%s: %s", entry.name, version, reason)
-            self.failed[(*key, entry.failure_stamp(version))] = reason[:FAILURE_CHARS]
+            self.failed[(*key, attempt)] = reason[:FAILURE_CHARS]
+            if isinstance(exc, LoadTimedOut) and exc.fresh:
+                await self._give_up(entry.name, version, attempt, reason)
             await self.heartbeat.beat()
             return
         finally:
@@ -272,6 +298,18 @@ class Worker(Service):
         await self._start(lane)
         await self.heartbeat.beat()  # advertise it at once
         logger.info("lane %s:%s serving with %d instances", entry.name, version, count)
+
+    async def _give_up(self, model: str, version: str, attempt: str, reason: str) -> None:
+        """Report a load still running past its timeout, record it, and end the worker."""
+        try:
+            await self.heartbeat.beat()
+            await self.timed_out.record(model, version, attempt, reason)
+        except RedisError as exc:
+            logger.error(
+                "could not report the load of %s:%s that timed out: %s", model, version, exc
+            )
+        told = "the load was reported failed"
+        exit_stuck(f"loading {model}:{version} ran past its load timeout", told)
 
     async def _retire(self) -> None:
         """Stop the lanes no longer desired once drained, and give their memory back."""

@@ -24,27 +24,31 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from redis import Redis
 from redis.exceptions import RedisError
 
 from weir.liveness import prolong
 from weir.redis_io.connection import connect_sync
+from weir.service import EXIT_REPLACE
 from weir.streams import Entry
 from workers.write_back import WriteBack
 
 logger = logging.getLogger(__name__)
 
-EXIT_STUCK = 3  # the worker's exit status after a batch ran past a limit and still runs
+
+EXIT_STUCK = EXIT_REPLACE  # the worker's exit status after a batch or a load ran past a limit
+ANSWERED = "its requests were answered with an error"
 
 
-def exit_stuck(what: str) -> NoReturn:
-    """End the worker at once: a batch it can neither stop nor wait for still runs."""
+def exit_stuck(what: str, told: str = ANSWERED) -> NoReturn:
+    """End the worker at once: work it can neither stop nor wait for still runs."""
     logger.critical(
-        "%s and still runs: its requests were answered with an error; this worker exits so "
-        "that a fresh one takes its place (live workers claim the batches it held)",
+        "%s and still runs: %s; this worker exits so that a fresh one takes its place "
+        "(live workers claim the batches it held)",
         what,
+        told,
     )
     logging.shutdown()
     sys.stderr.flush()
@@ -125,12 +129,13 @@ class StallGuard:
         )
         try:
             outside, inside = run.write_back.dead_letter_commands(run.entry, reason)
-            client = self._redis()
+            # Any: redis-py types execute_command in some releases only.
+            client: Any = self._redis()
             for command in outside:
-                client.execute_command(*command)  # type: ignore[no-untyped-call]
+                client.execute_command(*command)
             transaction = client.pipeline(transaction=True)
             for command in inside:
-                transaction.execute_command(*command)  # type: ignore[no-untyped-call]
+                transaction.execute_command(*command)
             transaction.execute()
         except Exception:
             # Unacked, the batch is claimed by a live worker once this one is gone.

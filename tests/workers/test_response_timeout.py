@@ -2,7 +2,7 @@
 
 A Python model whose handler sleeps as long as its input says, with a 1 s response timeout,
 served by a mesh of its own. A batch under the timeout is answered as usual; one past it is
-dead-lettered (each request a 500 naming the timeout) and the worker exits with status 3 for
+dead-lettered (each request a 500 naming the timeout) and the worker exits with status 75 for
 its supervisor to replace it (tests/torchserve/test_response_timeout.py has ``weir up`` do so).
 """
 

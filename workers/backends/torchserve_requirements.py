@@ -25,6 +25,7 @@ import tempfile
 from pathlib import Path
 
 from weir.errors import ConfigError
+from workers.loading import uncounted
 
 logger = logging.getLogger(__name__)
 
@@ -38,7 +39,8 @@ def install(model: str, model_dir: Path, requirements_file: str) -> Path:
     if (target / DONE).is_file():
         return target
     lock = model_dir.with_name(f"{model_dir.name}-packages.lock")
-    with lock.open("a") as held:
+    # Not the model's startup timeout's to count, as in TorchServe (workers.loading).
+    with uncounted(), lock.open("a") as held:
         fcntl.flock(held, fcntl.LOCK_EX)  # one process installs; the others wait, then reuse
         if not (target / DONE).is_file():
             _pip_install(model, model_dir, requirements_file, target)
