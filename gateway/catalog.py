@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from pipelines.graph import Pipeline, load_pipelines
 from pipelines.route import Router
 from weir.control.desired import DesiredState
-from weir.errors import NotFound
+from weir.errors import NotFound, Unavailable
 from weir.repository import ModelEntry, Repository, shown
 from weir.workload import MeshView
 
@@ -43,6 +43,8 @@ class Catalog:
         # The models server readiness waits for: those of the first state this gateway
         # serves and those served since (a model that failed to load is not waited for).
         self.counted: set[str] | None = None
+        # Versions that failed to load and that no live worker serves, and why.
+        self.failed: dict[tuple[str, str], str] = {}
 
     @property
     def pipelines(self) -> dict[str, Pipeline]:
@@ -120,7 +122,25 @@ class Catalog:
             elif any(view.failure(name, v, entry.failure_stamp(v)) for v in entry.versions):
                 counted.discard(name)
         self.counted = counted
+        self.failed = {
+            (name, version): failure
+            for name, entry in self.models.items()
+            for version in entry.versions
+            if (failure := view.failure(name, version, entry.failure_stamp(version)))
+            and not view.serves(name, version)
+        }
         self.forget_earlier()
+
+    def check_ready(self, name: str, version: str) -> None:
+        """Refuse a version that failed to load and that no live worker serves.
+
+        Queued, its requests would wait out their deadline for nobody; Triton's words.
+        """
+        failure = self.failed.get((name, version)) if self.failed else None
+        if failure is not None:
+            raise Unavailable(
+                f"'{shown(name)}' version {version} is not at ready state (load failed: {failure})"
+            )
 
     def forget_earlier(self) -> None:
         """Drop earlier versions no live worker serves any more."""

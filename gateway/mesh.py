@@ -25,6 +25,7 @@ from gateway.codec import InferBody, check_parameter_size
 from gateway.deadline import Deadline
 from gateway.reply_streams import ENSURE_SCRIPT
 from gateway.resubmission import Accepted, Resubmitter
+from gateway.validation import priority_level
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
@@ -92,10 +93,11 @@ class MeshClient:
         check_parameter_size(
             body.parameters, settings.max_parameters, settings.max_parameters_bytes
         )
+        self.catalog.check_ready(entry.name, version)
         size = sum(len(tensor.data) for tensor in body.inputs.values())
         self._check_budget(size)
         timeout_s = self._timeout_s(entry, body)
-        level = _priority_level(entry, body)
+        level = priority_level(entry.config, body)
         request = self._request(entry, version, body, timeout_s)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferReply] = loop.create_future()
@@ -382,19 +384,3 @@ def _refusal(
         "(WEIR_GATEWAY_ADMISSION_MEMORY_FRACTION); retry later",
         retry_after_s,
     )
-
-
-def _priority_level(entry: ModelEntry, body: InferBody) -> int:
-    """The batcher queue level for the request's ``priority`` parameter (Triton's rule)."""
-    priority = body.parameters.get("priority", 0)
-    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
-        raise InvalidInput("parameter 'priority' must be a non-negative integer")
-    batching = entry.config.dynamic_batching
-    if batching is None or not batching.priority_levels:
-        return 0
-    if priority > batching.priority_levels:
-        raise InvalidInput(
-            f"parameter 'priority' {priority} exceeds priority_levels "
-            f"{batching.priority_levels} of model '{entry.name}'"
-        )
-    return batching.level_index(priority)

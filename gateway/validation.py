@@ -109,3 +109,19 @@ def _check_tensor(config: ModelConfig, spec: TensorSpec, tensor: Tensor) -> int:
             f"1 to {config.max_batch_size} (max_batch_size)"
         )
     return batch
+
+
+def priority_level(config: ModelConfig, body: InferBody) -> int:
+    """The batcher queue level for the request's ``priority`` parameter (Triton's rule)."""
+    priority = body.parameters.get("priority", 0)
+    if not isinstance(priority, int) or isinstance(priority, bool) or priority < 0:
+        raise InvalidInput("parameter 'priority' must be a non-negative integer")
+    batching = config.dynamic_batching
+    if batching is None or not batching.priority_levels:
+        return 0
+    if priority > batching.priority_levels:
+        raise InvalidInput(
+            f"parameter 'priority' {priority} exceeds priority_levels "
+            f"{batching.priority_levels} of model '{config.name}'"
+        )
+    return batching.level_index(priority)
