@@ -273,6 +273,9 @@ class GatewaySettings(ServiceSettings):
     ts_default_response_timeout_s: int = Field(
         120, gt=0, description="responseTimeout where none is set (default_response_timeout)"
     )
+    ts_default_startup_timeout_s: int = Field(
+        120, gt=0, description="startupTimeout where none is set (default_startup_timeout)"
+    )
 
     shared_memory_max_regions: int = Field(
         64,

@@ -76,6 +76,9 @@ class UpPlan:
                 WEIR_GATEWAY_TS_DEFAULT_RESPONSE_TIMEOUT_S=str(
                     settings.ts_default_response_timeout_s
                 ),
+                WEIR_GATEWAY_TS_DEFAULT_STARTUP_TIMEOUT_S=str(
+                    settings.ts_default_startup_timeout_s
+                ),
                 WEIR_WORKER_TS_INSTALL_REQUIREMENTS=str(settings.ts_install_requirements),
                 WEIR_WORKER_TS_DECODE_INPUT_REQUEST=str(settings.ts_decode_input_request),
             )

@@ -33,7 +33,6 @@ class UpSettings(ServiceSettings):
         description="the private Redis's maxmemory (policy noeviction: past it writes are "
         "refused, never Weir's streams evicted); 0: no limit",
     )
-    build_examples: bool = True
     # TorchServe's way in (weir.torchserve.startup): a model store, its archives, its config.
     models: list[str] = Field(default_factory=list)
     ts_config: Path | None = None
@@ -43,5 +42,6 @@ class UpSettings(ServiceSettings):
     ts_max_response_size_bytes: int = Field(6553500, gt=0)
     ts_default_workers_per_model: int = Field(1, ge=0)
     ts_default_response_timeout_s: int = Field(120, gt=0)
+    ts_default_startup_timeout_s: int = Field(120, gt=0)
     ts_install_requirements: bool = False
     ts_decode_input_request: bool = True

@@ -68,8 +68,10 @@ async def register(request: Request) -> Response:
             max_batch_delay_ms=_opt_int(query, "max_batch_delay"),
             workers=workers or None,
             response_timeout_s=_opt_int(query, "response_timeout"),
+            startup_timeout_s=_opt_int(query, "startup_timeout"),
             default_workers=state.settings.ts_default_workers_per_model or None,
             default_response_timeout_s=state.settings.ts_default_response_timeout_s,
+            default_startup_timeout_s=state.settings.ts_default_startup_timeout_s,
         )
         registered = f'Model "{registration.name}" Version: {registration.ts_version}'
         if workers == 0 or (workers is None and not state.settings.ts_default_workers_per_model):

@@ -43,6 +43,7 @@ async def _describe(state: GatewayState, model: str, version: VersionRecord) -> 
         "batchSize": version.batch_size,
         "maxBatchDelay": version.max_batch_delay_ms,
         "responseTimeout": version.response_timeout_s,
+        "startupTimeout": version.startup_timeout_s,
         "loadedAtStartup": version.loaded_at_startup,
         "isDefault": version.is_default,
         "weirVersion": version.weir_version,

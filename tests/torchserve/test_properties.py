@@ -169,6 +169,25 @@ def test_ts_envvars_override_keys_only_when_enabled() -> None:
     assert enabled.ignored == []
 
 
+def test_the_startup_timeout_is_read_from_its_key_its_variable_and_models() -> None:
+    text = (
+        "default_startup_timeout=300\n"
+        'models={"m": {"1.0": {"responseTimeout": 5, "startupTimeout": "600"}}}\n'
+    )
+    props = parse_properties_text(text, "c")
+    assert props.default_startup_timeout == 300
+    assert props.models["m"]["1.0"] == ModelVersionSettings(
+        response_timeout_s=5, startup_timeout_s=600
+    )
+    assert parse_properties_text("", "c").default_startup_timeout is None  # TorchServe's 120
+    env = {"TS_DEFAULT_STARTUP_TIMEOUT": "900"}
+    assert parse_properties_text(text, "c", env).default_startup_timeout == 300
+    enabled = parse_properties_text(text + "enable_envvars_config=true\n", "c", env)
+    assert enabled.default_startup_timeout == 900
+    with pytest.raises(PropertiesError, match=r"^c:1: default_startup_timeout: 0 is below 1$"):
+        parse_properties_text("default_startup_timeout=0\n", "c")
+
+
 def test_decode_input_request_is_on_only_for_exactly_true_as_torchserves_workers_read_it() -> None:
     assert parse_properties_text("decode_input_request=true\n", "c", {}).decode_input_request
     for value in ("false", "True", "1"):

@@ -8,8 +8,10 @@ from pathlib import Path
 import pytest
 
 from tests.torchserve.archives import build_archive
+from weir.config_parameters import LOAD_TIMEOUT_S
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
+from weir.repository import load_model
 from weir.torchserve.startup import prepare
 from weir.torchserve.store import ModelStore
 from weir.up_settings import UpSettings
@@ -51,6 +53,7 @@ def test_the_command_line_wins_over_config_properties(
         "install_py_dep_per_model=true\n"
         "decode_input_request=false\n"
         "default_response_timeout=300\n"
+        "default_startup_timeout=400\n"
         "job_queue_size=100\n"
     )
     caplog.set_level(logging.WARNING, "weir.torchserve.startup")
@@ -62,11 +65,15 @@ def test_the_command_line_wins_over_config_properties(
     assert settings.ts_install_requirements is True
     assert settings.ts_decode_input_request is False
     assert settings.ts_default_response_timeout_s == 300
+    assert settings.ts_default_startup_timeout_s == 400
     assert settings.model_store == store
     assert settings.load_models == ["beta"]
-    # The start archives take it as their response timeout (they set none of their own).
+    # The start archives take them as their timeouts (they set none of their own).
     config_of_beta = ModelStore(store, settings.repository).describe("beta").versions[0]
     assert config_of_beta.response_timeout_s == 300
+    assert config_of_beta.startup_timeout_s == 400
+    parameters = load_model(settings.repository, "beta").config.parameters
+    assert parameters[LOAD_TIMEOUT_S] == "400"
     assert "keys Weir ignores: job_queue_size" in caplog.text
 
 

@@ -7,11 +7,13 @@ import re
 import shutil
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.torchserve.archives import build_archive, write_zip
 from weir.config import Backend, InstanceKind
+from weir.config_parameters import LOAD_TIMEOUT_S
 from weir.repository import Repository, load_model
 from weir.torchserve.properties import ModelVersionSettings
 from weir.torchserve.store import (
@@ -30,6 +32,10 @@ def exactly(message: str) -> str:
     return f"^{re.escape(message)}$"
 
 
+def load_timeout(store: ModelStore, name: str) -> str:  # TorchServe's startupTimeout
+    return load_model(store.repository, name).config.parameters[LOAD_TIMEOUT_S]
+
+
 @pytest.fixture(scope="module")
 def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A store of real archives: three versions of noop, and one of each other kind."""
@@ -39,7 +45,7 @@ def archives(tmp_path_factory: pytest.TempPathFactory) -> Path:
         built = build_archive(store / f"v{version}", "noop", version=version)
         built.rename(store / f"noop_v{version[0]}.mar")
         shutil.rmtree(store / f"v{version}")
-    build_archive(store, "configured", config_yaml=CONFIGURED_YAML)
+    build_archive(store, "configured", config_yaml=CONFIGURED_YAML + "startupTimeout: 50\n")
     build_archive(store, "packed", archive_format="tgz")
     build_archive(store, "unpacked", archive_format="no-archive")
     manifest = {"runtime": "python", "model": {"handler": "h.py", "modelVersion": "1.0"}}
@@ -86,7 +92,9 @@ def test_registering_writes_a_repository_entry_weir_loads(store: ModelStore) -> 
 
 
 def test_settings_come_from_the_archives_model_config(store: ModelStore) -> None:
-    registration = store.register("configured.mar")
+    registration = store.register(
+        "configured.mar", defaults=ModelVersionSettings(startup_timeout_s=30)
+    )
     assert (registration.batch_size, registration.max_batch_delay_ms) == (4, 50)
     assert registration.workers == 2
     entry = load_model(store.repository, "configured")
@@ -96,31 +104,36 @@ def test_settings_come_from_the_archives_model_config(store: ModelStore) -> None
     assert [(g.count, g.kind) for g in entry.config.instance_group] == [(2, InstanceKind.CPU)]
     version = store.describe("configured").versions[0]
     assert (version.min_workers, version.max_workers) == (2, 3)
+    assert version.startup_timeout_s == 50 and load_timeout(store, "configured") == "50"
 
 
 def test_request_settings_win_over_the_archive_and_properties(store: ModelStore) -> None:
     properties = ModelVersionSettings(batch_size=16, max_batch_delay_ms=7, response_timeout_s=30)
-    registration = store.register(
-        "configured.mar", batch_size=2, workers=5, response_timeout_s=9, defaults=properties
-    )
+    ask: dict[str, Any] = dict(batch_size=2, workers=5, response_timeout_s=9, startup_timeout_s=11)
+    registration = store.register("configured.mar", **ask, defaults=properties)
     assert (registration.batch_size, registration.max_batch_delay_ms) == (2, 50)
     assert registration.workers == 5
-    assert store.describe("configured").versions[0].response_timeout_s == 9
+    version = store.describe("configured").versions[0]
+    assert (version.response_timeout_s, version.startup_timeout_s) == (9, 11)
     assert load_model(store.repository, "configured").config.response_timeout_s == 9
+    assert load_timeout(store, "configured") == "11"
 
 
-def test_the_response_timeout_falls_back_to_default_response_timeout_then_120(
-    store: ModelStore,
-) -> None:
-    # The worker enforces it (workers.lane): the config carries it as a parameter.
+def test_the_timeouts_fall_back_to_their_default_keys_then_120(store: ModelStore) -> None:
+    # The worker enforces them (workers.lane, workers.loading): the config carries them.
     store.register("noop.mar")
     assert load_model(store.repository, "noop").config.response_timeout_s == 120
-    store.register("packed.tar.gz", default_response_timeout_s=300)
-    assert store.describe("packed").versions[0].response_timeout_s == 300
+    assert load_timeout(store, "noop") == "120"
+    store.register("packed.tar.gz", default_response_timeout_s=300, default_startup_timeout_s=400)
+    version = store.describe("packed").versions[0]
+    assert (version.response_timeout_s, version.startup_timeout_s) == (300, 400)
     assert load_model(store.repository, "packed").config.response_timeout_s == 300
-    properties = ModelVersionSettings(response_timeout_s=30)
-    store.register("unpacked", default_response_timeout_s=300, defaults=properties)
+    assert load_timeout(store, "packed") == "400"
+    properties = ModelVersionSettings(response_timeout_s=30, startup_timeout_s=40)
+    defaults: dict[str, Any] = {"default_response_timeout_s": 300, "default_startup_timeout_s": 400}
+    store.register("unpacked", **defaults, defaults=properties)
     assert load_model(store.repository, "unpacked").config.response_timeout_s == 30
+    assert load_timeout(store, "unpacked") == "40"
 
 
 def test_properties_settings_apply_below_the_archive(store: ModelStore) -> None:
@@ -141,6 +154,8 @@ def test_default_workers_apply_when_nothing_else_says(store: ModelStore) -> None
 def test_bad_request_settings_are_refused(store: ModelStore) -> None:
     with pytest.raises(StoreError, match="batch_size must be 1 or more, not 0"):
         store.register("noop.mar", batch_size=0)
+    with pytest.raises(StoreError, match="startup_timeout must be 1 or more, not 0"):
+        store.register("noop.mar", startup_timeout_s=0)
     assert store.models() == []
 
 
@@ -353,10 +368,11 @@ def test_weir_versions_are_not_reused_while_the_model_is_registered(store: Model
 
 
 def test_describe_records_startup_and_runtime(store: ModelStore) -> None:
-    store.register("noop.mar", startup=True, response_timeout_s=60)
+    store.register("noop.mar", startup=True, response_timeout_s=60, startup_timeout_s=90)
     version = store.describe("noop").versions[0]
     assert version.loaded_at_startup and version.runtime == "python"
     assert version.response_timeout_s == 60 and version.url == "noop.mar"
+    assert version.startup_timeout_s == 90
     with pytest.raises(StoreNotFound, match=exactly("Model not found: nope")):
         store.describe("nope")
 

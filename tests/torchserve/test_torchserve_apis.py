@@ -15,11 +15,13 @@ from typing import Any
 import httpx
 import pytest
 import torch
+import yaml
 
 from tests.conftest import Mesh, wait_until
 from tests.torchserve.archives import build_archive, write_zip
 from tests.torchserve.meshes import register as register_archive
 from tests.torchserve.meshes import store_mesh
+from weir.config_parameters import LOAD_TIMEOUT_S
 
 TOKEN = "manage-me"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
@@ -111,7 +113,9 @@ def store(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def ts_mesh(store: Path) -> Iterator[tuple[Mesh, str]]:
     refresh = {"WEIR_CONTROL_REFRESH_S": "0.2"}
     with store_mesh(store, store / ".weir", TOKEN, **refresh) as (mesh, management):
-        registered = register(management, "echo.mar", batch_size=8, max_batch_delay=50)
+        registered = register(
+            management, "echo.mar", batch_size=8, max_batch_delay=50, startup_timeout=45
+        )
         assert registered.status_code == 200, registered.text
         yield mesh, management
 
@@ -127,7 +131,9 @@ def register(management: str, url: str, **params: Any) -> httpx.Response:
     return register_archive(management, TOKEN, url, **params)
 
 
-def test_registering_an_archive_answers_as_torchserve(ts_mesh: tuple[Mesh, str]) -> None:
+def test_registering_an_archive_answers_as_torchserve(
+    store: Path, ts_mesh: tuple[Mesh, str]
+) -> None:
     _, management = ts_mesh
     listed = httpx.get(f"{management}/models", headers=AUTH).json()
     assert {"modelName": "echo", "modelUrl": "echo.mar"} in listed["models"]
@@ -137,7 +143,11 @@ def test_registering_an_archive_answers_as_torchserve(ts_mesh: tuple[Mesh, str])
     assert described["batchSize"] == 8
     assert described["maxBatchDelay"] == 50
     assert described["minWorkers"] == 1
+    assert (described["responseTimeout"], described["startupTimeout"]) == (120, 45)
     assert [w["status"] for w in described["workers"]] == ["READY"]
+    # startup_timeout is the load timeout the workers enforce.
+    config = yaml.safe_load((store / ".weir" / "echo" / "config.yaml").read_text())
+    assert config["parameters"][LOAD_TIMEOUT_S] == "45"
 
 
 def test_a_json_body_reaches_the_handler_parsed(ts_mesh: tuple[Mesh, str]) -> None:
@@ -250,6 +260,9 @@ def test_errors_come_back_in_torchserves_shape(ts_mesh: tuple[Mesh, str]) -> Non
     assert "corrupt.mar" in corrupt.json()["message"]
     missing = register(management, "absent.mar")
     assert missing.status_code == 404
+    untimed = register(management, "status.mar", startup_timeout=0)
+    assert untimed.status_code == 400
+    assert untimed.json()["message"] == "startup_timeout must be 1 or more, not 0"
     assert missing.json()["message"] == "Model not found at: absent.mar"
 
 

@@ -41,7 +41,7 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
         "number_of_netty_threads=4\n"
         "decode_input_request=false\n"
         'models={"hello": {"1.0": {"marName": "greeter.mar", "batchSize": 4, '
-        '"maxBatchDelay": 20}}}\n'
+        '"maxBatchDelay": 20, "startupTimeout": 45}}}\n'
     )
     args = ["--ts-config", str(config), "--models", "hello=greeter.mar", "--grpc-port", "0"]
     args += ["--redis-port", str(free_port())]
@@ -57,6 +57,7 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
         assert listed == {"models": [{"modelName": "hello", "modelUrl": "greeter.mar"}]}
         (described,) = httpx.get(f"http://127.0.0.1:{management_port}/models/hello").json()
         assert (described["batchSize"], described["maxBatchDelay"]) == (4, 20)
+        assert (described["responseTimeout"], described["startupTimeout"]) == (120, 45)
         assert described["loadedAtStartup"] is True
 
         # What the handler recorded, and TorchServe's PredictionTime, under their names.

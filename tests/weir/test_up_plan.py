@@ -35,6 +35,9 @@ def test_children_are_told_the_settings_only_weir_up_read(tmp_path: Path) -> Non
     assert store["WEIR_MODEL_STORE"] == str(tmp_path.resolve())
     assert store["WEIR_GATEWAY_TS_MANAGEMENT_PORT"] == "9181"
     assert store["WEIR_WORKER_TS_DECODE_INPUT_REQUEST"] == "True"
+    assert store["WEIR_GATEWAY_TS_DEFAULT_STARTUP_TIMEOUT_S"] == "120"
+    timed = UpPlan.of(UpSettings(model_store=tmp_path, ts_default_startup_timeout_s=600))
+    assert timed.child_env["WEIR_GATEWAY_TS_DEFAULT_STARTUP_TIMEOUT_S"] == "600"
     raw = UpPlan.of(UpSettings(model_store=tmp_path, ts_decode_input_request=False))
     assert raw.child_env["WEIR_WORKER_TS_DECODE_INPUT_REQUEST"] == "False"
     assert all(isinstance(value, str) for value in {**env, **store}.values())

@@ -42,6 +42,7 @@ _ENV_KEYS = (
     "load_models",
     "default_workers_per_model",
     "default_response_timeout",
+    "default_startup_timeout",
     "max_request_size",
     "max_response_size",
     "install_py_dep_per_model",
@@ -98,6 +99,7 @@ class TsProperties:
         default_workers_per_model: ``default_workers_per_model`` (TorchServe: one per GPU,
             else one per CPU).
         default_response_timeout: ``default_response_timeout`` in seconds (TorchServe: 120).
+        default_startup_timeout: ``default_startup_timeout`` in seconds (TorchServe: 120).
         models: ``models``: per model name, per version string, its settings.
         max_request_size: ``max_request_size`` in bytes (TorchServe: 6553500).
         max_response_size: ``max_response_size`` in bytes (TorchServe: 6553500).
@@ -118,6 +120,7 @@ class TsProperties:
     load_models: list[StartupModel] | Literal["all"] | None = None
     default_workers_per_model: int | None = None
     default_response_timeout: int | None = None
+    default_startup_timeout: int | None = None
     models: dict[str, dict[str, ModelVersionSettings]] = field(default_factory=dict)
     max_request_size: int | None = None
     max_response_size: int | None = None
@@ -372,6 +375,7 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "load_models": _load_models,
     "default_workers_per_model": partial(_integer, minimum=0),
     "default_response_timeout": partial(_integer, minimum=1),
+    "default_startup_timeout": partial(_integer, minimum=1),
     "models": _models,
     "max_request_size": partial(_integer, minimum=1),
     "max_response_size": partial(_integer, minimum=1),

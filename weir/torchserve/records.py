@@ -40,6 +40,8 @@ class VersionRecord:
     response_timeout_s: int
     loaded_at_startup: bool
     runtime: str
+    # TorchServe's default: what a book written before the startup timeout was kept reads as.
+    startup_timeout_s: int = 120
     is_default: bool = False
 
 

@@ -77,6 +77,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "metrics_port": properties.metrics_address and properties.metrics_address.port,
         "ts_default_workers_per_model": properties.default_workers_per_model,
         "ts_default_response_timeout_s": properties.default_response_timeout,
+        "ts_default_startup_timeout_s": properties.default_startup_timeout,
         "ts_max_request_size_bytes": properties.max_request_size,
         "ts_max_response_size_bytes": properties.max_response_size,
         "ts_install_requirements": properties.install_py_dep_per_model,
@@ -118,6 +119,7 @@ def _register(store: ModelStore, settings: UpSettings, properties: TsProperties)
             model_name=model.name,
             default_workers=settings.ts_default_workers_per_model or None,
             default_response_timeout_s=settings.ts_default_response_timeout_s,
+            default_startup_timeout_s=settings.ts_default_startup_timeout_s,
             startup=True,
             defaults=_model_settings(properties, model),
         )

@@ -46,6 +46,7 @@ from weir.torchserve.version_settings import (
     DEFAULT_BATCH_SIZE,
     DEFAULT_MAX_BATCH_DELAY_MS,
     DEFAULT_RESPONSE_TIMEOUT_S,
+    DEFAULT_STARTUP_TIMEOUT_S,
     VersionSettings,
     archive_settings,
     device_kind,
@@ -62,6 +63,7 @@ __all__ = [
     "DEFAULT_BATCH_SIZE",
     "DEFAULT_MAX_BATCH_DELAY_MS",
     "DEFAULT_RESPONSE_TIMEOUT_S",
+    "DEFAULT_STARTUP_TIMEOUT_S",
     "MODEL_FILE",
     "ModelRecord",
     "ModelStore",
@@ -146,24 +148,32 @@ class ModelStore:
         max_batch_delay_ms: int | None = None,
         workers: int | None = None,
         response_timeout_s: int | None = None,
+        startup_timeout_s: int | None = None,
         default_workers: int | None = None,
         default_response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S,
+        default_startup_timeout_s: int = DEFAULT_STARTUP_TIMEOUT_S,
         startup: bool = False,
         defaults: ModelVersionSettings | None = None,
     ) -> Registration:
         """Register the archive ``url`` (a name or path inside the store) as a model version.
 
         ``defaults``: ``config.properties``' ``models=`` entry for it, below the archive's
-        own ``model-config.yaml``; ``default_workers`` and ``default_response_timeout_s``
-        (``default_response_timeout``) below all.
+        own ``model-config.yaml``; ``default_workers``, ``default_response_timeout_s``
+        (``default_response_timeout``) and ``default_startup_timeout_s``
+        (``default_startup_timeout``) below all.
 
         Raises:
             StoreError: The url is not in the store, or the archive or a setting is bad.
             StoreNotFound: No such archive in the store.
             StoreConflict: The model has this version already.
         """
-        asked = requested(batch_size, max_batch_delay_ms, workers, response_timeout_s)
-        fallback = ModelVersionSettings(response_timeout_s=default_response_timeout_s)
+        asked = requested(
+            batch_size, max_batch_delay_ms, workers, response_timeout_s, startup_timeout_s
+        )
+        fallback = ModelVersionSettings(
+            response_timeout_s=default_response_timeout_s,
+            startup_timeout_s=default_startup_timeout_s,
+        )
         layers = (asked, defaults or ModelVersionSettings(), fallback)
         candidate = self._candidate(url, model_name, layers, default_workers or 1)
         with self._books.locked():

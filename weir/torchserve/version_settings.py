@@ -2,12 +2,14 @@
 
 A setting comes, as in TorchServe, from the request, else the archive's
 ``model-config.yaml``, else ``config.properties``' ``models=`` entry, else TorchServe's
-default (batch size 1, 100 ms delay, 120 s response timeout). Each source is read into a
-:class:`~weir.torchserve.properties.ModelVersionSettings` (None where it does not say),
-and :func:`resolve` takes the first that says, layer by layer.
+default (batch size 1, 100 ms delay, 120 s response and startup timeouts). Each source is
+read into a :class:`~weir.torchserve.properties.ModelVersionSettings` (None where it does
+not say), and :func:`resolve` takes the first that says, layer by layer.
 
 Batching and workers are a model's settings in Weir but a version's in TorchServe: the
-first version registered sets them and later versions keep them (:func:`in_force`).
+first version registered sets them and later versions keep them (:func:`in_force`). The
+timeouts are the config's ``response_timeout_s`` and ``load_timeout_s`` parameters, which
+the worker enforces.
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from weir.config import Backend, InstanceKind
-from weir.config_parameters import RESPONSE_TIMEOUT_S
+from weir.config_parameters import LOAD_TIMEOUT_S, RESPONSE_TIMEOUT_S
 from weir.torchserve import envelope
 from weir.torchserve.properties import ModelVersionSettings
 from weir.torchserve.records import VersionRecord
@@ -26,12 +28,14 @@ from weir.torchserve.store_errors import StoreError
 DEFAULT_BATCH_SIZE = 1
 DEFAULT_MAX_BATCH_DELAY_MS = 100
 DEFAULT_RESPONSE_TIMEOUT_S = 120
+DEFAULT_STARTUP_TIMEOUT_S = 120
 _DEVICE_KINDS = {"cpu": InstanceKind.CPU, "gpu": InstanceKind.GPU}
 # model-config.yaml keys TorchServe's frontend reads, as ModelVersionSettings fields.
 _YAML_KEYS = {
     "batchSize": "batch_size",
     "maxBatchDelay": "max_batch_delay_ms",
     "responseTimeout": "response_timeout_s",
+    "startupTimeout": "startup_timeout_s",
     "minWorkers": "min_workers",
     "maxWorkers": "max_workers",
 }
@@ -46,10 +50,15 @@ class VersionSettings:
     min_workers: int
     max_workers: int
     response_timeout_s: int
+    startup_timeout_s: int
 
 
 def requested(
-    batch_size: int | None, delay_ms: int | None, workers: int | None, timeout_s: int | None
+    batch_size: int | None,
+    delay_ms: int | None,
+    workers: int | None,
+    timeout_s: int | None,
+    startup_timeout_s: int | None,
 ) -> ModelVersionSettings:
     """The request's settings, checked.
 
@@ -61,6 +70,7 @@ def requested(
         ("max_batch_delay", delay_ms, 0),
         ("initial_workers", workers, 1),
         ("response_timeout", timeout_s, 1),
+        ("startup_timeout", startup_timeout_s, 1),
     ):
         if value is not None and value < minimum:
             raise StoreError(f"{label} must be {minimum} or more, not {value}")
@@ -70,6 +80,7 @@ def requested(
         min_workers=workers,
         max_workers=workers,
         response_timeout_s=timeout_s,
+        startup_timeout_s=startup_timeout_s,
     )
 
 
@@ -116,17 +127,19 @@ def resolve(layers: tuple[ModelVersionSettings, ...], default_workers: int) -> V
         min_workers=low,
         max_workers=max(pick("max_workers", low), low),
         response_timeout_s=pick("response_timeout_s", DEFAULT_RESPONSE_TIMEOUT_S),
+        startup_timeout_s=pick("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S),
     )
 
 
 def in_force(current: VersionRecord, asked: VersionSettings) -> VersionSettings:
-    """A model's batching and workers, from a ``current`` version; ``asked``'s timeout."""
+    """A model's batching and workers, from a ``current`` version; ``asked``'s timeouts."""
     return VersionSettings(
         current.batch_size,
         current.max_batch_delay_ms,
         current.min_workers,
         current.max_workers,
         asked.response_timeout_s,
+        asked.startup_timeout_s,
     )
 
 
@@ -142,8 +155,11 @@ def model_config(name: str, settings: VersionSettings, kind: InstanceKind) -> di
         },
         "instance_group": [{"count": settings.min_workers, "kind": kind.value}],
         "version_policy": {"all": {}},
-        # TorchServe's responseTimeout, enforced by the worker (workers.lane).
-        "parameters": {RESPONSE_TIMEOUT_S: str(settings.response_timeout_s)},
+        # TorchServe's responseTimeout and startupTimeout, enforced by the worker.
+        "parameters": {
+            RESPONSE_TIMEOUT_S: str(settings.response_timeout_s),
+            LOAD_TIMEOUT_S: str(settings.startup_timeout_s),
+        },
         "input": envelope.INPUTS,
         "output": envelope.OUTPUTS,
     }
