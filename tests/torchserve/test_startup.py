@@ -95,3 +95,12 @@ def test_an_explicit_repository_is_used_and_its_own_models_survive(
 def test_models_without_a_store_is_a_clear_error() -> None:
     with pytest.raises(ConfigError, match="--models needs a model store"):
         prepare(UpSettings(models=["alpha.mar"]), False, {})
+
+
+def test_models_items_may_list_several_separated_by_commas(store: Path) -> None:
+    # As TorchServe's frontend, which joins --models by commas and splits load_models on them.
+    models = ["one=alpha.mar,two=beta.mar", "alpha.mar"]
+    settings = prepare(UpSettings(model_store=store, models=models), False, {})
+    assert settings.load_models == ["one", "two", "alpha"]
+    with pytest.raises(ConfigError, match=r"--models: '=beta.mar' is neither"):
+        prepare(UpSettings(model_store=store, models=["=beta.mar"]), False, {})

@@ -297,7 +297,12 @@ def _address(value: str, default_port: int) -> Address:
     return Address(match["host"], port)
 
 
-def _load_models(value: str) -> list[StartupModel] | Literal["all"]:
+def load_models(value: str) -> list[StartupModel] | Literal["all"]:
+    """``load_models`` (or ``--models``, joined by commas, as TorchServe's frontend joins it).
+
+    Raises:
+        ValueError: An item is neither ``name=file.mar`` nor ``file.mar``.
+    """
     text = value.strip()
     if text.lower() == "all":
         return "all"
@@ -372,7 +377,7 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "management_address": partial(_address, default_port=8081),
     "metrics_address": partial(_address, default_port=8082),
     "model_store": lambda value: Path(value.strip()),
-    "load_models": _load_models,
+    "load_models": load_models,
     "default_workers_per_model": partial(_integer, minimum=0),
     "default_response_timeout": partial(_integer, minimum=1),
     "default_startup_timeout": partial(_integer, minimum=1),

@@ -22,6 +22,7 @@ from weir.torchserve.properties import (
     ModelVersionSettings,
     StartupModel,
     TsProperties,
+    load_models,
     parse_properties,
 )
 from weir.torchserve.store import ModelStore
@@ -95,19 +96,19 @@ def _generated(model_store: Path) -> Path:
 def _startup_models(
     store: ModelStore, settings: UpSettings, properties: TsProperties
 ) -> list[StartupModel]:
-    """``--models`` (or ``load_models``): the named archives, or every one for ``all``."""
+    """``--models`` (or ``load_models``): the named archives, or every one for ``all``.
+
+    As in TorchServe, ``--models`` items may each hold several, separated by commas.
+    """
+    listed = properties.load_models
     if settings.models:
-        if "all" in settings.models:
-            return [StartupModel(url) for url in store.archives()]
-        return [_spec(m) for m in settings.models]
-    if properties.load_models == "all":
+        try:
+            listed = "all" if "all" in settings.models else load_models(",".join(settings.models))
+        except ValueError as exc:
+            raise ConfigError(f"--models: {exc}") from None
+    if listed == "all":
         return [StartupModel(url) for url in store.archives()]
-    return list(properties.load_models or [])
-
-
-def _spec(text: str) -> StartupModel:
-    name, equals, url = text.partition("=")
-    return StartupModel(url, name) if equals else StartupModel(text)
+    return list(listed or [])
 
 
 def _register(store: ModelStore, settings: UpSettings, properties: TsProperties) -> list[str]:
