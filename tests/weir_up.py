@@ -11,6 +11,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import pytest
+
 from tests.conftest import ROOT, wait_until
 
 READY = "Weir is up"
@@ -35,7 +37,10 @@ def weir_up(*args: str) -> Iterator[Up]:
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]
     reader.start()
     try:
-        wait_until(lambda: any(READY in line for line in lines), 90, "weir up to be ready")
+        ready = lambda: any(READY in line for line in lines)  # noqa: E731
+        wait_until(lambda: ready() or process.poll() is not None, 90, "weir up to be ready")
+        if not ready():
+            pytest.fail(f"weir up exited with status {process.returncode} before it was ready")
         yield Up(process, next(line for line in lines if READY in line), lines)
     finally:
         # SIGINT, as Ctrl-C: weir up stops its children, which hold its stdout open too.

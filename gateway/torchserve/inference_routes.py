@@ -174,7 +174,9 @@ async def _check_served(state: GatewayState, entry: ModelEntry, version: str) ->
         return
     # The control loop's view may be a refresh old: ask the workers' heartbeats themselves.
     if not await ready_when(state, lambda served: (entry.name, version) in served):
-        raise Unavailable(_NO_WORKER.format(model=shown(entry.name)))
+        message = _NO_WORKER.format(model=shown(entry.name))
+        failure = state.catalog.failed.get((entry.name, version))
+        raise Unavailable(message if failure is None else f"{message} Its load failed: {failure}")
 
 
 def _wanted() -> list[RequestedOutput]:
