@@ -31,8 +31,9 @@ The handler contract:
   and raises :class:`~weir.errors.DeadlineExceeded` to stop.
 - A :class:`~weir.errors.WeirError` raised by the handler keeps its meaning (raise
   ``InvalidInput`` for a bad input: the client gets a 400); any other exception becomes a
-  :class:`~weir.errors.ServerError` naming the model and the stage that failed. Each
-  request of the batch gets that error.
+  :class:`~weir.errors.ServerError` naming the model and the stage that failed. The worker
+  runs a failed batch again in halves (:mod:`workers.execution`), so the requests it still
+  fails on get that error.
 
 Calls come from one executor thread per instance, one batch at a time.
 """
