@@ -144,7 +144,11 @@ async def load_within(build: Callable[[], T], timeout_s: float | None, what: str
 
 
 class TimedOutLoads:
-    """The loads of one pool that ran past their timeout, per model version and attempt."""
+    """The loads of one pool that ran past their timeout, per model version and attempt.
+
+    Every attempt is kept, not only the last: a load asked again that fails is undone, which
+    puts the version back at its earlier attempt, and that one timed out too.
+    """
 
     def __init__(self, redis: Redis, pool: str) -> None:
         self.redis = redis
@@ -152,13 +156,14 @@ class TimedOutLoads:
 
     async def record(self, model: str, version: str, attempt: str, reason: str) -> None:
         key = names.timed_out_load(model, version, self.pool)
-        await self.redis.set(key, f"{attempt}\n{reason}", ex=KEEP_S)
+        async with self.redis.pipeline(transaction=True) as pipe:
+            pipe.hset(key, attempt, reason)
+            pipe.expire(key, KEEP_S)
+            await pipe.execute()
 
     async def reason(self, model: str, version: str, attempt: str) -> str | None:
         """Why this attempt's load timed out in an earlier worker; None if it did not."""
-        raw = await self.redis.get(names.timed_out_load(model, version, self.pool))
+        raw = await self.redis.hget(names.timed_out_load(model, version, self.pool), attempt)
         if raw is None:
             return None
-        text = raw.decode() if isinstance(raw, bytes) else str(raw)
-        recorded, _, reason = text.partition("\n")
-        return reason if recorded == attempt else None
+        return raw.decode() if isinstance(raw, bytes) else str(raw)

@@ -126,3 +126,8 @@ def test_a_load_past_its_timeout_is_reported_and_its_worker_replaced(
         wait_until(lambda: served(http_port), 60, "sleeper to be served again")
         ready = httpx.post(f"{url}/repository/index", json={"ready": True}).json()
         assert [m["name"] for m in ready] == ["sleeper"]
+        # The failed load was undone (hanger back at its earlier attempt, which timed out
+        # too): the fresh worker reports that, and does not try either attempt again.
+        wait_until(lambda: reported_by_a_live_worker(client, REASON.encode()), 30, "the report")
+        time.sleep(TIMEOUT_S + 1)
+        assert attempts.read_text().splitlines() == ["initialize"] * 2

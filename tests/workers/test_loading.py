@@ -94,3 +94,7 @@ async def test_a_timed_out_load_is_remembered_for_its_attempt_only(client: Redis
     assert await cpu.reason(model, "1", "stamp-b") is None  # loaded again: tried again
     assert await cpu.reason(model, "2", "stamp-a") is None
     assert await gpu.reason(model, "1", "stamp-a") is None  # another pool loads on its own
+    # That attempt timing out too keeps the first: a failed load undone goes back to it.
+    await cpu.record(model, "1", "stamp-b", "did not finish loading within 3 s")
+    assert await cpu.reason(model, "1", "stamp-a") == "did not finish loading within 2 s"
+    assert await cpu.reason(model, "1", "stamp-b") == "did not finish loading within 3 s"
