@@ -69,6 +69,7 @@ def create_app(
         control = ControlLoop(settings, redis, catalog)
         await control.start()
         mesh = MeshClient(redis, settings, catalog)
+        control.observers.append(mesh.answer_failed_loads)
         reply_streams = ReplyStreams(redis, mesh.gateway_id, settings.heartbeat_ttl_s)
         await reply_streams.start()
         # Collectors without names too: a scrape asking for name[] reaches each of them.

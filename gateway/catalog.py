@@ -62,6 +62,7 @@ class Catalog:
         self.generation = state.generation
         if self.counted is None:
             self.counted = set(self.models)
+        self.failed = self._failed()  # a load asked again is a new attempt, not failed yet
         logger.info(
             "serving generation %d: %s",
             state.generation,
@@ -122,25 +123,37 @@ class Catalog:
             elif any(view.failure(name, v, entry.failure_stamp(v)) for v in entry.versions):
                 counted.discard(name)
         self.counted = counted
-        self.failed = {
+        self.failed = self._failed()
+        self.forget_earlier()
+
+    def _failed(self) -> dict[tuple[str, str], str]:
+        view = self.view
+        return {
             (name, version): failure
             for name, entry in self.models.items()
             for version in entry.versions
             if (failure := view.failure(name, version, entry.failure_stamp(version)))
             and not view.serves(name, version)
         }
-        self.forget_earlier()
 
     def check_ready(self, name: str, version: str) -> None:
         """Refuse a version that failed to load and that no live worker serves.
 
         Queued, its requests would wait out their deadline for nobody; Triton's words.
         """
-        failure = self.failed.get((name, version)) if self.failed else None
-        if failure is not None:
-            raise Unavailable(
-                f"'{shown(name)}' version {version} is not at ready state (load failed: {failure})"
-            )
+        if self.failed:
+            error = self.not_ready(name, version)
+            if error is not None:
+                raise error
+
+    def not_ready(self, name: str, version: str) -> Unavailable | None:
+        """Triton's error for a version that failed to load and that no live worker serves."""
+        failure = self.failed.get((name, version))
+        if failure is None:
+            return None
+        return Unavailable(
+            f"'{shown(name)}' version {version} is not at ready state (load failed: {failure})"
+        )
 
     def forget_earlier(self) -> None:
         """Drop earlier versions no live worker serves any more."""

@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from collections.abc import Callable
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -65,6 +66,8 @@ class ControlLoop:
         self.next_poll = 0.0
         self.changed = asyncio.Event()  # set at each refresh, for the load calls waiting
         self.stopping = False
+        # Called after each look at the live workers (the mesh answers what cannot be served).
+        self.observers: list[Callable[[], None]] = []
 
     async def start(self) -> None:
         """Seed the desired state as the mode says, and serve it."""
@@ -100,6 +103,8 @@ class ControlLoop:
     async def refresh(self) -> None:
         """One round: the live view, the desired state, and in a control mode its upkeep."""
         self.catalog.observe(mesh_view(await live_consumers(self.redis, names.WORKER_GROUP)))
+        for observer in self.observers:
+            observer()
         if self.mode is ControlMode.NONE:
             return
         await self.follower.check()

@@ -129,6 +129,21 @@ class MeshClient:
             self.resubmitter.accepted.pop(request.id, None)
             self.inflight_bytes -= size
 
+    def answer_failed_loads(self) -> None:
+        """Answer at once the accepted requests of versions that failed to load.
+
+        Queued before the failure was seen, they would wait their deadline for nobody; their
+        queue entries are cancelled, so that a later load does not run them.
+        """
+        if not self.catalog.failed:
+            return
+        for accepted in list(self.resubmitter.accepted.values()):
+            entry, version, request = accepted.entry, accepted.version, accepted.request
+            error = self.catalog.not_ready(entry.name, version)
+            if error is not None and not entry.config.is_ensemble:
+                self._cancel(entry, version, request)
+                self._fail(request.id, error)
+
     def _cancel(self, entry: ModelEntry, version: str, request: InferRequest) -> None:
         if entry.config.is_ensemble:
             steps = self.router.pipelines[entry.name].steps

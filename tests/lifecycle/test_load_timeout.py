@@ -5,12 +5,14 @@
 2 s to load. The start load is reported failed with the limit in its reason; the worker that
 tried exits and a fresh one takes its place, which serves ``sleeper`` and reports the failure
 again without trying the same load (``initialize`` ran once). A load asked again is a new
-attempt: it is tried, refused with the same reason, and the worker is replaced again.
+attempt: it is tried, refused with the same reason, and the worker is replaced again; a
+request queued meanwhile is answered as soon as that attempt fails.
 """
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
@@ -117,7 +119,16 @@ def test_a_load_past_its_timeout_is_reported_and_its_worker_replaced(
         wait_until(lambda: refused_at_once(http_port), 10, "requests for hanger to be refused")
 
         started = time.monotonic()
-        again = httpx.post(f"{url}/repository/models/hanger/load", timeout=60)
+        with ThreadPoolExecutor(1) as pool:
+            load = pool.submit(httpx.post, f"{url}/repository/models/hanger/load", timeout=60)
+            # Asked again, hanger is a new attempt, not failed yet: a request is queued. It
+            # is answered once the attempt fails, not when its deadline (60 s) passes.
+            time.sleep(1)
+            queued = httpx.post(f"{url}/models/hanger/infer", json=BODY, timeout=60)
+            assert queued.status_code == 503, queued.text
+            assert REASON in queued.json()["error"]
+            assert time.monotonic() - started < TIMEOUT_S + 20
+            again = load.result()
         assert again.status_code == 400, again.text
         assert again.json()["error"] == f"failed to load 'hanger': {REASON}"
         assert TIMEOUT_S <= time.monotonic() - started < TIMEOUT_S + 20
