@@ -147,13 +147,19 @@ class Catalog:
                 raise error
 
     def not_ready(self, name: str, version: str) -> Unavailable | None:
-        """Triton's error for a version that failed to load and that no live worker serves."""
-        failure = self.failed.get((name, version))
+        """Triton's error for a version, or a pipeline's step, that failed to load, unserved."""
+        failed = self.failed
+        failure = failed.get((name, version))
         if failure is None:
-            return None
-        return Unavailable(
-            f"'{shown(name)}' version {version} is not at ready state (load failed: {failure})"
-        )
+            pipeline = self.router.pipelines.get(name)
+            steps = pipeline.steps if pipeline is not None else ()
+            step = next((s for s in steps if (s.model, s.version) in failed), None)
+            if step is None:
+                return None
+            failure = f"{step.label} failed to load: {failed[(step.model, step.version)]}"
+        else:
+            failure = f"load failed: {failure}"
+        return Unavailable(f"'{shown(name)}' version {version} is not at ready state ({failure})")
 
     def forget_earlier(self) -> None:
         """Drop earlier versions no live worker serves any more."""

@@ -140,7 +140,7 @@ class MeshClient:
         for accepted in list(self.resubmitter.accepted.values()):
             entry, version, request = accepted.entry, accepted.version, accepted.request
             error = self.catalog.not_ready(entry.name, version)
-            if error is not None and not entry.config.is_ensemble:
+            if error is not None:
                 self._cancel(entry, version, request)
                 self._fail(request.id, error)
 

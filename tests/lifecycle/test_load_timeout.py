@@ -60,6 +60,22 @@ def write_hanger(repository: Path, attempts: Path) -> None:
     (repository / "hanger" / "config.yaml").write_text(yaml.safe_dump(config))
 
 
+def write_pipeline(repository: Path) -> None:
+    """``through``: a pipeline of one step, hanger."""
+    tensor = {"data_type": "TYPE_FP32", "dims": [1]}
+    steps = [{"model_name": "hanger", "input_map": {"X": "X"}, "output_map": {"Y": "Y"}}]
+    config = {
+        "name": "through",
+        "platform": "ensemble",
+        "max_batch_size": 1,
+        "input": [{"name": "X", **tensor}],
+        "output": [{"name": "Y", **tensor}],
+        "ensemble_scheduling": {"step": steps},
+    }
+    (repository / "through").mkdir()
+    (repository / "through" / "config.yaml").write_text(yaml.safe_dump(config))
+
+
 def reported_by_a_live_worker(client: redis.Redis, text: bytes) -> bool:
     seconds, micros = client.time()
     now_ms = seconds * 1000 + micros // 1000
@@ -102,11 +118,12 @@ def test_a_load_past_its_timeout_is_reported_and_its_worker_replaced(
     models, attempts = tmp_path / "models", tmp_path / "attempts"
     write_sleeper(models, ECHO)
     write_hanger(models, attempts)
+    write_pipeline(models)
     monkeypatch.setenv("WEIR_HEARTBEAT_TTL_S", "1")
     http_port, redis_port = free_port(), free_port()
     args = ["--repository", str(models), "--http-port", str(http_port), "--grpc-port", "0"]
     args += ["--metrics-port", "0", "--redis-port", str(redis_port)]
-    args += ["--model-control-mode", "explicit", "--load-model", "sleeper,hanger"]
+    args += ["--model-control-mode", "explicit", "--load-model", "sleeper,hanger,through"]
     with weir_up(*args), redis.Redis(port=redis_port) as client:
         url = f"http://127.0.0.1:{http_port}/v2"
         wait_until(lambda: served(http_port), 60, "sleeper to be served")
@@ -117,6 +134,13 @@ def test_a_load_past_its_timeout_is_reported_and_its_worker_replaced(
         (hanger,) = [m for m in index if m["name"] == "hanger"]
         assert hanger["state"] == "UNAVAILABLE" and REASON in hanger["reason"], index
         wait_until(lambda: refused_at_once(http_port), 10, "requests for hanger to be refused")
+        # So is a pipeline that runs it.
+        piped = httpx.post(f"{url}/models/through/infer", json=BODY, timeout=10)
+        assert piped.status_code == 503, piped.text
+        assert piped.json()["error"] == (
+            "'through' version 1 is not at ready state (step 0 (model 'hanger' version 1) "
+            f"failed to load: {REASON})"
+        )
 
         started = time.monotonic()
         with ThreadPoolExecutor(1) as pool:
