@@ -27,6 +27,7 @@ from weir.settings import (
     ServiceSettings,
     WorkerSettings,
 )
+from weir.torchserve import flags as torchserve_flags
 from weir.up_settings import UpSettings
 
 
@@ -102,6 +103,7 @@ def _parser() -> argparse.ArgumentParser:
         help="a TorchServe config.properties (addresses, model_store, load_models, models, "
         "default_workers_per_model, max_request_size, max_response_size)",
     )
+    torchserve_flags.add_to(up)
 
     gateway = commands.add_parser("gateway", help="the KServe v2 gateway (HTTP and gRPC)")
     _common(gateway)
@@ -151,6 +153,7 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
 def _run_up(options: dict[str, Any]) -> int:
     from weir.up_plan import UpPlan, exec_supervisor
 
+    torchserve_flags.take(options)
     settings = UpSettings(**options)
     if settings.model_store is not None or settings.ts_config is not None or settings.models:
         from weir.torchserve.startup import prepare

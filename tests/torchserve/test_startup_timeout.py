@@ -64,6 +64,7 @@ def test_an_archive_past_its_startup_timeout_is_reported_and_not_served(
     management = f"http://127.0.0.1:{management_port}"
     models = "echo=echo.mar,hanger=hanger.mar"
     args = ["--ts-config", str(config), "--models", *models.split(","), "--grpc-port", "0"]
+    args += ["--ncs", "--disable-token-auth"]  # torchserve's flags, taken as they are
     with weir_up(*args, "--redis-port", str(free_port())):
         wait_until(lambda: served(http_port), 60, "echo served")
         (described,) = httpx.get(f"{management}/models/hanger").json()
