@@ -41,6 +41,7 @@ from weir.redis_io.connection import connect
 from weir.repository import Repository
 from weir.service import TaskSet
 from weir.settings import GatewaySettings
+from weir.torchserve.download import Downloads
 from weir.torchserve.store import ModelStore
 
 if TYPE_CHECKING:
@@ -154,7 +155,10 @@ def create_app(
 def _model_store(settings: GatewaySettings) -> ModelStore | None:
     if settings.model_store is None:
         return None
-    return ModelStore(settings.model_store, settings.repository)
+    downloads = Downloads.of(
+        settings.ts_allowed_urls, settings.ts_max_download_bytes, settings.ts_download_timeout_s
+    )
+    return ModelStore(settings.model_store, settings.repository, downloads)
 
 
 def _startup_repository(settings: GatewaySettings) -> Repository:

@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from weir.control.mode import ControlMode
 from weir.redis_io import redis_target
+from weir.torchserve.gateway_settings import TorchServeGatewaySettings
 
 
 def _shared(name: str, default: Any, **kwargs: Any) -> Any:
@@ -109,7 +110,7 @@ class ServiceSettings(BaseSettings):
         return [name.strip() for name in self.load_model.split(",") if name.strip()]
 
 
-class GatewaySettings(ServiceSettings):
+class GatewaySettings(ServiceSettings, TorchServeGatewaySettings):
     """The gateway: KServe v2 over HTTP and gRPC (``WEIR_GATEWAY_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="WEIR_GATEWAY_")
@@ -247,35 +248,6 @@ class GatewaySettings(ServiceSettings):
         if value is not None and not value.get_secret_value().strip():
             return None
         return value
-
-    ts_management_port: int = Field(
-        8081,
-        ge=0,
-        le=65535,
-        description="TorchServe's management API (with a model store; 0: none)",
-    )
-    ts_management_host: str = Field(
-        "127.0.0.1",
-        description="the management API's bind address (TorchServe's default: loopback only)",
-    )
-    ts_max_request_size_bytes: int = Field(
-        6553500, gt=0, description="largest /predictions body (TorchServe's max_request_size)"
-    )
-    ts_max_response_size_bytes: int = Field(
-        6553500, gt=0, description="largest /predictions answer (TorchServe's max_response_size)"
-    )
-    ts_default_workers_per_model: int = Field(
-        1,
-        ge=0,
-        description="instances per worker of an archive registered with no initial_workers "
-        "(TorchServe's default_workers_per_model)",
-    )
-    ts_default_response_timeout_s: int = Field(
-        120, gt=0, description="responseTimeout where none is set (default_response_timeout)"
-    )
-    ts_default_startup_timeout_s: int = Field(
-        120, gt=0, description="startupTimeout where none is set (default_startup_timeout)"
-    )
 
     shared_memory_max_regions: int = Field(
         64,

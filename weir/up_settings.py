@@ -12,6 +12,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from weir.settings import ServiceSettings
+from weir.torchserve.gateway_settings import DEFAULT_ALLOWED_URLS
 
 
 class UpSettings(ServiceSettings):
@@ -45,3 +46,6 @@ class UpSettings(ServiceSettings):
     ts_default_startup_timeout_s: int = Field(120, gt=0)
     ts_install_requirements: bool = False
     ts_decode_input_request: bool = True
+    ts_allowed_urls: str = DEFAULT_ALLOWED_URLS
+    ts_max_download_bytes: int = Field(10 * 1024**3, gt=0)
+    ts_download_timeout_s: float = Field(60.0, gt=0)

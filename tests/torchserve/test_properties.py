@@ -199,6 +199,14 @@ def test_decode_input_request_is_on_only_for_exactly_true_as_torchserves_workers
     assert overridden.decode_input_request is False
 
 
+def test_allowed_urls_are_checked_as_regular_expressions() -> None:
+    text = "allowed_urls=https://s3.amazonaws.com/.*,https://torchserve.pytorch.org/.*\n"
+    read = parse_properties_text(text, "c", {})
+    assert read.allowed_urls == "https://s3.amazonaws.com/.*,https://torchserve.pytorch.org/.*"
+    with pytest.raises(PropertiesError, match=r"^c:1: allowed_urls: 'http\(s' is no regular"):
+        parse_properties_text("allowed_urls=http(s\n", "c", {})
+
+
 def test_a_bad_envvar_override_names_the_variable() -> None:
     env = {"TS_MAX_REQUEST_SIZE": "lots"}
     with pytest.raises(PropertiesError, match="environment variable TS_MAX_REQUEST_SIZE"):

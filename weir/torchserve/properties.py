@@ -47,6 +47,7 @@ _ENV_KEYS = (
     "max_response_size",
     "install_py_dep_per_model",
     "decode_input_request",
+    "allowed_urls",
 )
 
 
@@ -108,6 +109,7 @@ class TsProperties:
         decode_input_request: ``decode_input_request``: handlers get JSON and text inputs
             decoded (TorchServe: true); false, their bytes. Only exactly ``true`` is true,
             as TorchServe's workers read it.
+        allowed_urls: ``allowed_urls``, the patterns an archive URL to download must match.
         enable_envvars_config: Whether ``TS_<KEY>`` environment variables were applied.
         ignored: Every other key present, in file order.
     """
@@ -126,6 +128,7 @@ class TsProperties:
     max_response_size: int | None = None
     install_py_dep_per_model: bool | None = None
     decode_input_request: bool | None = None
+    allowed_urls: str | None = None
     enable_envvars_config: bool = False
     ignored: list[str] = field(default_factory=list)
 
@@ -263,6 +266,15 @@ def _boolean(value: str) -> bool:
     return value.strip().lower() == "true"
 
 
+def _patterns(value: str) -> str:
+    for pattern in filter(None, (p.strip() for p in value.split(","))):
+        try:
+            re.compile(pattern)
+        except re.error as exc:
+            raise ValueError(f"{pattern!r} is no regular expression: {exc}") from None
+    return value.strip()
+
+
 def _exactly_true(value: str) -> bool:
     # TorchServe hands the value as written to its workers, which decode inputs only when it
     # reads exactly "true": "True" turns decoding off there, and so here.
@@ -386,4 +398,5 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "max_response_size": partial(_integer, minimum=1),
     "install_py_dep_per_model": _boolean,
     "decode_input_request": _exactly_true,
+    "allowed_urls": _patterns,
 }

@@ -18,6 +18,7 @@ from typing import Any
 
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
+from weir.torchserve.download import Downloads
 from weir.torchserve.properties import (
     ModelVersionSettings,
     StartupModel,
@@ -42,7 +43,10 @@ def prepare(settings: UpSettings, repository_given: bool, env: Mapping[str, str]
             "--models needs a model store: --model-store DIR, or model_store in config.properties"
         )
     repository = settings.repository if repository_given else _generated(settings.model_store)
-    store = ModelStore(settings.model_store, repository)
+    downloads = Downloads.of(
+        settings.ts_allowed_urls, settings.ts_max_download_bytes, settings.ts_download_timeout_s
+    )
+    store = ModelStore(settings.model_store, repository, downloads)
     forgotten = store.reset()
     if forgotten:
         logger.info("forgot the registrations of an earlier run: %s", ", ".join(forgotten))
@@ -83,6 +87,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_max_response_size_bytes": properties.max_response_size,
         "ts_install_requirements": properties.install_py_dep_per_model,
         "ts_decode_input_request": properties.decode_input_request,
+        "ts_allowed_urls": properties.allowed_urls,
     }
     return {k: v for k, v in candidates.items() if v is not None and k not in given}
 

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +32,7 @@ import yaml
 from weir.config import InstanceKind
 from weir.torchserve.archive import MANIFEST_PATH, ArchiveError, read_manifest, read_model_config
 from weir.torchserve.atomic import remove_tree, staging_dir, write_atomic
+from weir.torchserve.download import Downloads, fetch, is_url, remove_fetched
 from weir.torchserve.properties import ModelVersionSettings
 from weir.torchserve.records import (
     BOOK_DIR,
@@ -110,10 +111,13 @@ class _Candidate:
 class ModelStore:
     """The archives of ``store_dir`` and the models registered from them in ``repository``."""
 
-    def __init__(self, store_dir: Path, repository: Path) -> None:
+    def __init__(
+        self, store_dir: Path, repository: Path, downloads: Downloads | None = None
+    ) -> None:
         self.store_dir = Path(store_dir).absolute()
         self.repository = Path(repository).absolute()
         self._books = Bookkeeping(self.repository)
+        self.downloads = downloads  # None: archives are not fetched by URL
 
     def archives(self) -> list[str]:
         """The archives in the store (files and ``no-archive`` directories), by name."""
@@ -155,7 +159,10 @@ class ModelStore:
         startup: bool = False,
         defaults: ModelVersionSettings | None = None,
     ) -> Registration:
-        """Register the archive ``url`` (a name or path inside the store) as a model version.
+        """Register the archive ``url`` as a model version.
+
+        ``url`` is a name or path inside the store, or an HTTP(S) URL the archive is
+        fetched into the store from (:mod:`~weir.torchserve.download`).
 
         ``defaults``: ``config.properties``' ``models=`` entry for it, below the archive's
         own ``model-config.yaml``; ``default_workers``, ``default_response_timeout_s``
@@ -175,9 +182,18 @@ class ModelStore:
             startup_timeout_s=default_startup_timeout_s,
         )
         layers = (asked, defaults or ModelVersionSettings(), fallback)
-        candidate = self._candidate(url, model_name, layers, default_workers or 1)
-        with self._books.locked():
-            record = self._add(candidate, startup)
+        fetching = self.downloads is not None and is_url(url)
+        local = fetch(url, self.store_dir, self.downloads) if self.downloads and fetching else url
+        try:
+            candidate = self._candidate(local, model_name, layers, default_workers or 1)
+            if fetching:
+                candidate = replace(candidate, url=url)  # listed by the URL it came from
+            with self._books.locked():
+                record = self._add(candidate, startup)
+        except BaseException:
+            if fetching:
+                (self.store_dir / local).unlink(missing_ok=True)  # the archive it fetched
+            raise
         return Registration(
             candidate.name,
             record.weir_version,
@@ -203,9 +219,10 @@ class ModelStore:
             if len(book.versions) == 1:
                 self._remove_model(name)
             else:
-                del book.versions[weir_version]
+                removed = book.versions.pop(weir_version)
                 remove_tree(self.repository / name / weir_version)
                 self._books.write(book)
+                self._remove_fetched([removed.url])
         return [weir_version]
 
     def reset(self) -> list[str]:
@@ -339,8 +356,18 @@ class ModelStore:
     def _remove_model(self, name: str) -> None:
         # The directory goes first: a crash between the two leaves a book that a later
         # unregister or reset finishes, never a directory no book claims.
+        book = self._books.read_or_none(name)
         remove_tree(self.repository / name)
         self._books.remove(name)
+        self._remove_fetched([v.url for v in book.versions.values()] if book else [])
+
+    def _remove_fetched(self, urls: list[str]) -> None:
+        """Remove the archives fetched for these URLs, unless a registration still uses one."""
+        if any(is_url(url) for url in urls):
+            used = {
+                v.url for n in self._books.names() for v in self._books.read(n).versions.values()
+            }
+            remove_fetched(self.store_dir, urls, used)
 
     def _read_config(self, name: str) -> dict[str, Any]:
         path = self.repository / name / CONFIG_FILE
