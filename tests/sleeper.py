@@ -8,6 +8,16 @@ from typing import Any
 
 import yaml
 
+# A handler that answers X as Y.
+ECHO = """
+class Echo:
+    def initialize(self, context):
+        pass
+
+    def inference(self, batch):
+        return {"Y": batch["X"]}
+"""
+
 
 def write_sleeper(repository: Path, handler: str, **config: Any) -> Path:
     """Model ``sleeper`` in ``repository``: ``handler`` as its model.py; its version folder.

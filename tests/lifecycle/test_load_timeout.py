@@ -21,18 +21,10 @@ import redis
 import yaml
 
 from tests.conftest import free_port, wait_until
-from tests.sleeper import write_sleeper
+from tests.sleeper import ECHO, write_sleeper
 from tests.weir_up import weir_up
 from weir import names
 
-ECHO = """
-class Echo:
-    def initialize(self, context):
-        pass
-
-    def inference(self, batch):
-        return {"Y": batch["X"]}
-"""
 HANGER = """
 import threading
 

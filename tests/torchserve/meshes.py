@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -37,3 +38,26 @@ def register(management: str, token: str, url: str, **params: Any) -> httpx.Resp
     query = {"url": url, "initial_workers": 1, "synchronous": "true", **params}
     headers = {"Authorization": f"Bearer {token}"}
     return httpx.post(f"{management}/models", params=query, headers=headers, timeout=120)
+
+
+@dataclass(frozen=True)
+class TsConfig:
+    """A ``config.properties`` written for ``weir up --ts-config``, and the ports it names."""
+
+    path: Path
+    http_port: int
+    management_port: int
+    metrics_port: int
+
+
+def write_ts_config(directory: Path, store: Path, *lines: str) -> TsConfig:
+    """``directory/config.properties``: free ports for the three APIs, ``store``, ``lines``."""
+    ports = free_port(), free_port(), free_port()
+    path = directory / "config.properties"
+    path.write_text(
+        f"inference_address=http://127.0.0.1:{ports[0]}\n"
+        f"management_address=http://127.0.0.1:{ports[1]}\n"
+        f"metrics_address=http://127.0.0.1:{ports[2]}\n"
+        f"model_store={store}\n" + "".join(f"{line}\n" for line in lines)
+    )
+    return TsConfig(path, *ports)

@@ -16,6 +16,7 @@ import httpx
 from tests.conftest import free_port
 from tests.torchserve.archives import build_archive
 from tests.torchserve.http_files import serving
+from tests.torchserve.meshes import write_ts_config
 from tests.weir_up import weir_up
 
 ECHO = """
@@ -32,16 +33,10 @@ def test_archives_are_fetched_by_url_and_served(tmp_path: Path) -> None:
     build_archive(served, "echo", ECHO)
     build_archive(served, "other", ECHO)
     store.mkdir()
-    http_port, management_port = free_port(), free_port()
     with serving(served) as server:
-        config = tmp_path / "config.properties"
-        config.write_text(
-            f"inference_address=http://127.0.0.1:{http_port}\n"
-            f"management_address=http://127.0.0.1:{management_port}\n"
-            f"model_store={store}\n"
-            f"allowed_urls={re.escape(server)}/.*\\.mar\n"
-        )
-        args = ["--ts-config", str(config), "--models", f"{server}/echo.mar"]
+        config = write_ts_config(tmp_path, store, f"allowed_urls={re.escape(server)}/.*\\.mar")
+        http_port, management_port = config.http_port, config.management_port
+        args = ["--ts-config", str(config.path), "--models", f"{server}/echo.mar"]
         args += ["--grpc-port", "0", "--metrics-port", "0", "--redis-port", str(free_port())]
         with weir_up(*args):
             inference, management = (

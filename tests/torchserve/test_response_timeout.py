@@ -16,6 +16,7 @@ import redis
 
 from tests.conftest import free_port, wait_until
 from tests.torchserve.archives import build_archive
+from tests.torchserve.meshes import write_ts_config
 from tests.weir_up import weir_up
 from weir import names
 
@@ -43,15 +44,9 @@ def test_a_handler_past_its_response_timeout_is_answered_and_its_worker_replaced
 ) -> None:
     store = tmp_path / "model-store"
     build_archive(store, "hanger", HANDLER, config_yaml=f"responseTimeout: {TIMEOUT_S}\n")
-    http_port, management_port, metrics_port = free_port(), free_port(), free_port()
-    config = tmp_path / "config.properties"
-    config.write_text(
-        f"inference_address=http://127.0.0.1:{http_port}\n"
-        f"management_address=http://127.0.0.1:{management_port}\n"
-        f"metrics_address=http://127.0.0.1:{metrics_port}\n"
-        f"model_store={store}\n"
-    )
-    args = ["--ts-config", str(config), "--models", "hanger=hanger.mar", "--grpc-port", "0"]
+    config = write_ts_config(tmp_path, store)
+    http_port, management_port = config.http_port, config.management_port
+    args = ["--ts-config", str(config.path), "--models", "hanger=hanger.mar", "--grpc-port", "0"]
     redis_port = free_port()
     with weir_up(*args, "--redis-port", str(redis_port)):
         (described,) = httpx.get(f"http://127.0.0.1:{management_port}/models/hanger").json()

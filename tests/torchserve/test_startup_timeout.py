@@ -16,6 +16,7 @@ import httpx
 
 from tests.conftest import free_port, wait_until
 from tests.torchserve.archives import build_archive
+from tests.torchserve.meshes import write_ts_config
 from tests.weir_up import weir_up
 
 ECHO = """
@@ -53,17 +54,10 @@ def test_an_archive_past_its_startup_timeout_is_reported_and_not_served(
     store = tmp_path / "model-store"
     build_archive(store, "echo", ECHO)
     build_archive(store, "hanger", HANGER, config_yaml=f"startupTimeout: {TIMEOUT_S}\n")
-    http_port, management_port, metrics_port = free_port(), free_port(), free_port()
-    config = tmp_path / "config.properties"
-    config.write_text(
-        f"inference_address=http://127.0.0.1:{http_port}\n"
-        f"management_address=http://127.0.0.1:{management_port}\n"
-        f"metrics_address=http://127.0.0.1:{metrics_port}\n"
-        f"model_store={store}\n"
-    )
-    management = f"http://127.0.0.1:{management_port}"
+    config = write_ts_config(tmp_path, store)
+    http_port, management = config.http_port, f"http://127.0.0.1:{config.management_port}"
     models = "echo=echo.mar,hanger=hanger.mar"
-    args = ["--ts-config", str(config), "--models", *models.split(","), "--grpc-port", "0"]
+    args = ["--ts-config", str(config.path), "--models", *models.split(","), "--grpc-port", "0"]
     args += ["--ncs", "--disable-token-auth"]  # torchserve's flags, taken as they are
     with weir_up(*args, "--redis-port", str(free_port())):
         wait_until(lambda: served(http_port), 60, "echo served")

@@ -8,6 +8,7 @@ import httpx
 
 from tests.conftest import free_port, wait_until
 from tests.torchserve.archives import build_archive
+from tests.torchserve.meshes import write_ts_config
 from tests.weir_up import weir_up
 
 HANDLER = """
@@ -30,20 +31,18 @@ def test_weir_up_serves_a_model_store_as_torchserve_would(tmp_path: Path) -> Non
     store = tmp_path / "model-store"
     build_archive(store, "greeter", HANDLER)
     build_archive(store, "idle", HANDLER)
-    http_port, management_port, metrics_port = free_port(), free_port(), free_port()
-    config = tmp_path / "config.properties"
-    config.write_text(
-        f"inference_address=http://127.0.0.1:{http_port}\n"
-        f"management_address=http://127.0.0.1:{management_port}\n"
-        f"metrics_address=http://127.0.0.1:{metrics_port}\n"
-        f"model_store={store}\n"
-        "load_models=idle.mar\n"
-        "number_of_netty_threads=4\n"
-        "decode_input_request=false\n"
+    config = write_ts_config(
+        tmp_path,
+        store,
+        "load_models=idle.mar",
+        "number_of_netty_threads=4",
+        "decode_input_request=false",
         'models={"hello": {"1.0": {"marName": "greeter.mar", "batchSize": 4, '
-        '"maxBatchDelay": 20, "startupTimeout": 45}}}\n'
+        '"maxBatchDelay": 20, "startupTimeout": 45}}}',
     )
-    args = ["--ts-config", str(config), "--models", "hello=greeter.mar", "--grpc-port", "0"]
+    http_port, management_port = config.http_port, config.management_port
+    metrics_port = config.metrics_port
+    args = ["--ts-config", str(config.path), "--models", "hello=greeter.mar", "--grpc-port", "0"]
     args += ["--redis-port", str(free_port())]
     with weir_up(*args) as up:
         announced = f"management http://127.0.0.1:{management_port}/models"

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from tests.sleeper import ECHO
 from weir import names
 from weir.control.controller import Controller
 from weir.control.desired import DesiredModel, DesiredState, DesiredStore
@@ -27,14 +28,6 @@ from weir.redis_server import RedisServer
 from weir.workload import MeshView
 
 CONTROL_DB = 9
-ECHO = """
-    class Echo:
-        def initialize(self, context):
-            pass
-
-        def inference(self, batch):
-            return {"Y": batch["X"]}
-"""
 
 
 @pytest.fixture
@@ -78,7 +71,7 @@ def write_python_model(root: Path, name: str, versions: tuple[str, ...], policy:
 
 def add_version(root: Path, name: str, version: str) -> None:
     (root / name / version).mkdir()
-    (root / name / version / "model.py").write_text(textwrap.dedent(ECHO))
+    (root / name / version / "model.py").write_text(ECHO)
 
 
 def touch_later(path: Path) -> None:
