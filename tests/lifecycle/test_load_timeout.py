@@ -137,9 +137,11 @@ def test_a_load_past_its_timeout_is_reported_and_its_worker_replaced(
         started = time.monotonic()
         with ThreadPoolExecutor(1) as pool:
             load = pool.submit(httpx.post, f"{url}/repository/models/hanger/load", timeout=60)
-            # Asked again, hanger is a new attempt, not failed yet: a request is queued. It
-            # is answered once the attempt fails, not when its deadline (60 s) passes.
-            time.sleep(1)
+            # Asked again, hanger is a new attempt, not failed yet: once a worker tries it, a
+            # request is queued. It is answered once the attempt fails, not when its
+            # deadline (60 s) passes.
+            tried = lambda: len(attempts.read_text().splitlines()) == 2  # noqa: E731
+            wait_until(tried, 10, "the new attempt")
             queued = httpx.post(f"{url}/models/hanger/infer", json=BODY, timeout=60)
             assert queued.status_code == 503, queued.text
             assert REASON in queued.json()["error"]
@@ -156,5 +158,5 @@ def test_a_load_past_its_timeout_is_reported_and_its_worker_replaced(
         # The failed load was undone (hanger back at its earlier attempt, which timed out
         # too): the fresh worker reports that, and does not try either attempt again.
         wait_until(lambda: reported_by_a_live_worker(client, REASON.encode()), 30, "the report")
-        time.sleep(TIMEOUT_S + 1)
+        time.sleep(TIMEOUT_S + 1)  # an absence: as long as a wrongful attempt would take to show
         assert attempts.read_text().splitlines() == ["initialize"] * 2
