@@ -132,8 +132,7 @@ class MeshClient:
     def answer_failed_loads(self) -> None:
         """Answer at once the accepted requests of versions that failed to load.
 
-        Queued before the failure was seen, they would wait their deadline for nobody; their
-        queue entries are cancelled, so that a later load does not run them.
+        Queued before the failure was seen, they would wait for nobody; a later load skips them.
         """
         if not self.catalog.failed:
             return

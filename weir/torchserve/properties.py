@@ -1,9 +1,7 @@
 """TorchServe's ``config.properties``: a Java properties file, read into typed settings.
 
-Only the keys that decide how Weir serves a TorchServe deployment are typed (addresses,
-the model store, the models loaded at startup and their settings, body limits); every
-other key present is listed in :attr:`TsProperties.ignored` so the entrypoint can say once
-which ones it does not honour.
+Only the keys that decide how Weir serves a TorchServe deployment are typed; every other key
+present is listed in :attr:`TsProperties.ignored`, for the entrypoint to name once.
 
 A typed field is None when its key is absent: the caller then keeps Weir's own default
 rather than TorchServe's (TorchServe's defaults are noted on each field).
