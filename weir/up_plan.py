@@ -79,6 +79,7 @@ class UpPlan:
                 WEIR_GATEWAY_TS_DEFAULT_STARTUP_TIMEOUT_S=str(
                     settings.ts_default_startup_timeout_s
                 ),
+                WEIR_GATEWAY_TS_JOB_QUEUE_SIZE=str(settings.ts_job_queue_size),
                 WEIR_GATEWAY_TS_ALLOWED_URLS=settings.ts_allowed_urls,
                 WEIR_GATEWAY_TS_MAX_DOWNLOAD_BYTES=str(settings.ts_max_download_bytes),
                 WEIR_GATEWAY_TS_DOWNLOAD_TIMEOUT_S=str(settings.ts_download_timeout_s),

@@ -72,6 +72,7 @@ async def register(request: Request) -> Response:
             default_workers=state.settings.ts_default_workers_per_model or None,
             default_response_timeout_s=state.settings.ts_default_response_timeout_s,
             default_startup_timeout_s=state.settings.ts_default_startup_timeout_s,
+            default_job_queue_size=state.settings.ts_job_queue_size,
         )
         registered = f'Model "{registration.name}" Version: {registration.ts_version}'
         if workers == 0 or (workers is None and not state.settings.ts_default_workers_per_model):

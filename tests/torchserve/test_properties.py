@@ -68,7 +68,8 @@ def test_the_documented_example_is_read_into_typed_settings() -> None:
             )
         }
     }
-    assert props.ignored == ["number_of_netty_threads", "job_queue_size"]
+    assert props.job_queue_size == 1000
+    assert props.ignored == ["number_of_netty_threads"]
 
 
 def test_absent_keys_are_none_so_weirs_defaults_stay() -> None:

@@ -54,7 +54,8 @@ def test_the_command_line_wins_over_config_properties(
         "decode_input_request=false\n"
         "default_response_timeout=300\n"
         "default_startup_timeout=400\n"
-        "job_queue_size=100\n"
+        "job_queue_size=30\n"
+        "number_of_netty_threads=4\n"
     )
     caplog.set_level(logging.WARNING, "weir.torchserve.startup")
     settings = prepare(UpSettings(ts_config=config, http_port=7000), False, {})
@@ -74,7 +75,8 @@ def test_the_command_line_wins_over_config_properties(
     assert config_of_beta.startup_timeout_s == 400
     parameters = load_model(settings.repository, "beta").config.parameters
     assert parameters[LOAD_TIMEOUT_S] == "400"
-    assert "keys Weir ignores: job_queue_size" in caplog.text
+    assert settings.ts_job_queue_size == 30
+    assert "keys Weir ignores: number_of_netty_threads" in caplog.text
 
 
 def test_an_explicit_repository_is_used_and_its_own_models_survive(

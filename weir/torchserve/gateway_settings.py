@@ -44,6 +44,9 @@ class TorchServeGatewaySettings(BaseSettings):
     ts_default_startup_timeout_s: int = Field(
         120, gt=0, description="startupTimeout where none is set (default_startup_timeout)"
     )
+    ts_job_queue_size: int = Field(
+        100, gt=0, description="requests an archive queues where none says (job_queue_size)"
+    )
     ts_allowed_urls: str = Field(
         DEFAULT_ALLOWED_URLS,
         description="regular expressions, comma-separated, one of which an archive URL to "

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Literal, NamedTuple
 
 from weir.errors import ConfigError
+from weir.torchserve.startup_models import StartupModel, load_models
 
 _BLANK = " \t\f"
 _LINE_BREAK = re.compile(r"\r\n|\r|\n")
@@ -46,6 +47,7 @@ _ENV_KEYS = (
     "install_py_dep_per_model",
     "decode_input_request",
     "allowed_urls",
+    "job_queue_size",
 )
 
 
@@ -61,14 +63,6 @@ class Address(NamedTuple):
 
 
 @dataclass(frozen=True)
-class StartupModel:
-    """One ``load_models`` entry: ``name=file.mar`` or ``file.mar``."""
-
-    url: str
-    name: str | None = None
-
-
-@dataclass(frozen=True)
 class ModelVersionSettings:
     """One model version's entry of ``models=``; None where the entry does not say."""
 
@@ -80,6 +74,7 @@ class ModelVersionSettings:
     max_batch_delay_ms: int | None = None
     response_timeout_s: int | None = None
     startup_timeout_s: int | None = None
+    job_queue_size: int | None = None
     other: dict[str, Any] = field(default_factory=dict)
 
 
@@ -108,6 +103,7 @@ class TsProperties:
             decoded (TorchServe: true); false, their bytes. Only exactly ``true`` is true,
             as TorchServe's workers read it.
         allowed_urls: ``allowed_urls``, the patterns an archive URL to download must match.
+        job_queue_size: ``job_queue_size``, the requests each model queues (TorchServe: 100).
         enable_envvars_config: Whether ``TS_<KEY>`` environment variables were applied.
         ignored: Every other key present, in file order.
     """
@@ -127,6 +123,7 @@ class TsProperties:
     install_py_dep_per_model: bool | None = None
     decode_input_request: bool | None = None
     allowed_urls: str | None = None
+    job_queue_size: int | None = None
     enable_envvars_config: bool = False
     ignored: list[str] = field(default_factory=list)
 
@@ -307,29 +304,6 @@ def _address(value: str, default_port: int) -> Address:
     return Address(match["host"], port)
 
 
-def load_models(value: str) -> list[StartupModel] | Literal["all"]:
-    """``load_models`` (or ``--models``, joined by commas, as TorchServe's frontend joins it).
-
-    Raises:
-        ValueError: An item is neither ``name=file.mar`` nor ``file.mar``.
-    """
-    text = value.strip()
-    if text.lower() == "all":
-        return "all"
-    if text.lower() == "standalone":
-        return []
-    return [_startup_model(item.strip()) for item in text.split(",") if item.strip()]
-
-
-def _startup_model(item: str) -> StartupModel:
-    name, separator, url = item.partition("=")
-    if not separator:
-        return StartupModel(url=item)
-    if not name.strip() or not url.strip():
-        raise ValueError(f"{item!r} is neither name=file.mar nor file.mar")
-    return StartupModel(url=url.strip(), name=name.strip())
-
-
 def _models(value: str) -> dict[str, dict[str, ModelVersionSettings]]:
     try:
         raw = json.loads(value)
@@ -397,4 +371,5 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "install_py_dep_per_model": _boolean,
     "decode_input_request": _exactly_true,
     "allowed_urls": _patterns,
+    "job_queue_size": partial(_integer, minimum=1),
 }

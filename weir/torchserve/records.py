@@ -42,6 +42,7 @@ class VersionRecord:
     runtime: str
     # TorchServe's default: what a book written before the startup timeout was kept reads as.
     startup_timeout_s: int = 120
+    job_queue_size: int = 100
     is_default: bool = False
 
 

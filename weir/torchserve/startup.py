@@ -19,13 +19,8 @@ from typing import Any
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.torchserve.download import Downloads
-from weir.torchserve.properties import (
-    ModelVersionSettings,
-    StartupModel,
-    TsProperties,
-    load_models,
-    parse_properties,
-)
+from weir.torchserve.properties import ModelVersionSettings, TsProperties, parse_properties
+from weir.torchserve.startup_models import StartupModel, load_models
 from weir.torchserve.store import ModelStore
 from weir.up_settings import UpSettings
 
@@ -88,6 +83,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_install_requirements": properties.install_py_dep_per_model,
         "ts_decode_input_request": properties.decode_input_request,
         "ts_allowed_urls": properties.allowed_urls,
+        "ts_job_queue_size": properties.job_queue_size,
     }
     return {k: v for k, v in candidates.items() if v is not None and k not in given}
 
@@ -126,6 +122,7 @@ def _register(store: ModelStore, settings: UpSettings, properties: TsProperties)
             default_workers=settings.ts_default_workers_per_model or None,
             default_response_timeout_s=settings.ts_default_response_timeout_s,
             default_startup_timeout_s=settings.ts_default_startup_timeout_s,
+            default_job_queue_size=settings.ts_job_queue_size,
             startup=True,
             defaults=_model_settings(properties, model),
         )

@@ -44,8 +44,7 @@ from weir.torchserve.records import (
 )
 from weir.torchserve.store_errors import StoreConflict, StoreError, StoreForbidden, StoreNotFound
 from weir.torchserve.version_settings import (
-    DEFAULT_BATCH_SIZE,
-    DEFAULT_MAX_BATCH_DELAY_MS,
+    DEFAULT_JOB_QUEUE_SIZE,
     DEFAULT_RESPONSE_TIMEOUT_S,
     DEFAULT_STARTUP_TIMEOUT_S,
     VersionSettings,
@@ -61,8 +60,6 @@ __all__ = [
     "ARCHIVE_SUFFIXES",
     "BOOK_DIR",
     "CONFIG_FILE",
-    "DEFAULT_BATCH_SIZE",
-    "DEFAULT_MAX_BATCH_DELAY_MS",
     "DEFAULT_RESPONSE_TIMEOUT_S",
     "DEFAULT_STARTUP_TIMEOUT_S",
     "MODEL_FILE",
@@ -156,6 +153,7 @@ class ModelStore:
         default_workers: int | None = None,
         default_response_timeout_s: int = DEFAULT_RESPONSE_TIMEOUT_S,
         default_startup_timeout_s: int = DEFAULT_STARTUP_TIMEOUT_S,
+        default_job_queue_size: int = DEFAULT_JOB_QUEUE_SIZE,
         startup: bool = False,
         defaults: ModelVersionSettings | None = None,
     ) -> Registration:
@@ -166,8 +164,9 @@ class ModelStore:
 
         ``defaults``: ``config.properties``' ``models=`` entry for it, below the archive's
         own ``model-config.yaml``; ``default_workers``, ``default_response_timeout_s``
-        (``default_response_timeout``) and ``default_startup_timeout_s``
-        (``default_startup_timeout``) below all.
+        (``default_response_timeout``), ``default_startup_timeout_s``
+        (``default_startup_timeout``) and ``default_job_queue_size`` (``job_queue_size``)
+        below all.
 
         Raises:
             StoreError: The url is not in the store, or the archive or a setting is bad.
@@ -180,6 +179,7 @@ class ModelStore:
         fallback = ModelVersionSettings(
             response_timeout_s=default_response_timeout_s,
             startup_timeout_s=default_startup_timeout_s,
+            job_queue_size=default_job_queue_size,
         )
         layers = (asked, defaults or ModelVersionSettings(), fallback)
         fetching = self.downloads is not None and is_url(url)

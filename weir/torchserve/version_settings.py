@@ -29,6 +29,7 @@ DEFAULT_BATCH_SIZE = 1
 DEFAULT_MAX_BATCH_DELAY_MS = 100
 DEFAULT_RESPONSE_TIMEOUT_S = 120
 DEFAULT_STARTUP_TIMEOUT_S = 120
+DEFAULT_JOB_QUEUE_SIZE = 100
 _DEVICE_KINDS = {"cpu": InstanceKind.CPU, "gpu": InstanceKind.GPU}
 # model-config.yaml keys TorchServe's frontend reads, as ModelVersionSettings fields.
 _YAML_KEYS = {
@@ -36,6 +37,7 @@ _YAML_KEYS = {
     "maxBatchDelay": "max_batch_delay_ms",
     "responseTimeout": "response_timeout_s",
     "startupTimeout": "startup_timeout_s",
+    "jobQueueSize": "job_queue_size",
     "minWorkers": "min_workers",
     "maxWorkers": "max_workers",
 }
@@ -51,6 +53,7 @@ class VersionSettings:
     max_workers: int
     response_timeout_s: int
     startup_timeout_s: int
+    job_queue_size: int
 
 
 def requested(
@@ -128,11 +131,12 @@ def resolve(layers: tuple[ModelVersionSettings, ...], default_workers: int) -> V
         max_workers=max(pick("max_workers", low), low),
         response_timeout_s=pick("response_timeout_s", DEFAULT_RESPONSE_TIMEOUT_S),
         startup_timeout_s=pick("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S),
+        job_queue_size=pick("job_queue_size", DEFAULT_JOB_QUEUE_SIZE),
     )
 
 
 def in_force(current: VersionRecord, asked: VersionSettings) -> VersionSettings:
-    """A model's batching and workers, from a ``current`` version; ``asked``'s timeouts."""
+    """A model's batching, workers and queue, from a ``current`` version; ``asked``'s timeouts."""
     return VersionSettings(
         current.batch_size,
         current.max_batch_delay_ms,
@@ -140,6 +144,7 @@ def in_force(current: VersionRecord, asked: VersionSettings) -> VersionSettings:
         current.max_workers,
         asked.response_timeout_s,
         asked.startup_timeout_s,
+        current.job_queue_size,
     )
 
 
@@ -152,6 +157,8 @@ def model_config(name: str, settings: VersionSettings, kind: InstanceKind) -> di
         "dynamic_batching": {
             "preferred_batch_size": [settings.batch_size],
             "max_queue_delay_microseconds": settings.max_batch_delay_ms * 1000,
+            # TorchServe's job queue: past it a request is refused with a 503.
+            "default_queue_policy": {"max_queue_size": settings.job_queue_size},
         },
         "instance_group": [{"count": settings.min_workers, "kind": kind.value}],
         "version_policy": {"all": {}},
