@@ -3,7 +3,7 @@
 ``workers`` lists one entry per instance a live worker runs of the version (TorchServe's
 workers are processes; Weir's instances run in worker pool processes, so ``pid`` and
 ``memoryUsage`` are not per instance and are 0). ``jobQueueStatus.pendingRequests`` is the
-version's queued count in Redis.
+version's queued count in Redis, ``remainingCapacity`` what its job queue takes more.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ async def _describe(state: GatewayState, model: str, version: VersionRecord) -> 
         "isDefault": version.is_default,
         "weirVersion": version.weir_version,
         "workers": [_worker(i) for i in range(instances)],
-        "jobQueueStatus": {"pendingRequests": await _queued(state, model, version.weir_version)},
+        "jobQueueStatus": await _job_queue(state, model, version),
     }
 
 
@@ -63,9 +63,13 @@ def _worker(index: int) -> dict[str, Any]:
     }
 
 
-async def _queued(state: GatewayState, model: str, version: str) -> int:
+async def _job_queue(state: GatewayState, model: str, version: VersionRecord) -> dict[str, int]:
     try:
-        raw = await state.redis.get(names.queued_counter(model, version))
+        raw = await state.redis.get(names.queued_counter(model, version.weir_version))
     except RedisError:
-        return 0
-    return max(int(raw or 0), 0)
+        raw = None
+    pending = max(int(raw or 0), 0)
+    return {
+        "remainingCapacity": max(version.job_queue_size - pending, 0),
+        "pendingRequests": pending,
+    }

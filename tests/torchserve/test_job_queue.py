@@ -45,6 +45,9 @@ def test_a_model_queues_at_most_its_job_queue_size(tmp_path: Path) -> None:
             assert batching is not None
             assert batching.default_queue_policy.max_queue_size == size
 
+        management = f"http://127.0.0.1:{config.management_port}"
+        (described,) = httpx.get(f"{management}/models/roomy").json()
+        assert described["jobQueueStatus"] == {"remainingCapacity": 7, "pendingRequests": 0}
         url = f"http://127.0.0.1:{config.http_port}/predictions/slow"
         with ThreadPoolExecutor(5) as pool:
             answers = list(pool.map(lambda _: httpx.post(url, content=b"x", timeout=30), range(5)))
