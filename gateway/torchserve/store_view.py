@@ -44,6 +44,7 @@ async def _describe(state: GatewayState, model: str, version: VersionRecord) -> 
         "maxBatchDelay": version.max_batch_delay_ms,
         "responseTimeout": version.response_timeout_s,
         "startupTimeout": version.startup_timeout_s,
+        "clientTimeoutInMills": version.client_timeout_ms,
         "loadedAtStartup": version.loaded_at_startup,
         "isDefault": version.is_default,
         "weirVersion": version.weir_version,

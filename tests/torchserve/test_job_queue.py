@@ -1,13 +1,15 @@
-"""TorchServe's job queue: ``job_queue_size`` and ``jobQueueSize`` bound what a model queues.
+"""TorchServe's job queue and client timeout: what a model queues, and for how long.
 
-``weir up`` serves two archives with ``config.properties``' ``job_queue_size=2``: ``slow``,
-whose handler takes a second, and ``roomy``, whose ``model-config.yaml`` sets its own
-``jobQueueSize``. Five requests to ``slow`` at once: two are taken, three are refused at once
-with a 503 that says why, in TorchServe's error shape.
+``weir up`` serves archives whose handler takes a second, with ``config.properties``'
+``job_queue_size=2``: ``slow``; ``roomy``, whose ``model-config.yaml`` sets its own
+``jobQueueSize``; ``hasty``, whose ``clientTimeoutInMills`` is 300. Five requests to
+``slow`` at once: two are taken, three are refused at once with a 503 that says why, in
+TorchServe's error shape; a request to ``hasty`` is answered with a 504 after 0.3 s.
 """
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -35,8 +37,9 @@ def test_a_model_queues_at_most_its_job_queue_size(tmp_path: Path) -> None:
     store = tmp_path / "model-store"
     build_archive(store, "slow", SLOW)
     build_archive(store, "roomy", SLOW, config_yaml="jobQueueSize: 7\n")
+    build_archive(store, "hasty", SLOW, config_yaml="clientTimeoutInMills: 300\n")
     config = write_ts_config(tmp_path, store, "job_queue_size=2")
-    args = ["--ts-config", str(config.path), "--models", "slow.mar", "roomy.mar"]
+    args = ["--ts-config", str(config.path), "--models", "slow.mar", "roomy.mar", "hasty.mar"]
     args += ["--grpc-port", "0", "--metrics-port", "0", "--redis-port", str(free_port())]
     with weir_up(*args):
         repository = store / ".weir"
@@ -48,7 +51,16 @@ def test_a_model_queues_at_most_its_job_queue_size(tmp_path: Path) -> None:
         management = f"http://127.0.0.1:{config.management_port}"
         (described,) = httpx.get(f"{management}/models/roomy").json()
         assert described["jobQueueStatus"] == {"remainingCapacity": 7, "pendingRequests": 0}
-        url = f"http://127.0.0.1:{config.http_port}/predictions/slow"
+        inference = f"http://127.0.0.1:{config.http_port}/predictions"
+        started = time.monotonic()
+        late = httpx.post(f"{inference}/hasty", content=b"x", timeout=30)
+        # Its client timeout: answered when it passes (TorchServe drops the answer).
+        assert time.monotonic() - started < 0.9
+        assert late.status_code == 504
+        assert late.json()["message"] == (
+            "Request timeout expired: model 'hasty' version '1' did not answer within 0.3 s"
+        )
+        url = f"{inference}/slow"
         with ThreadPoolExecutor(5) as pool:
             answers = list(pool.map(lambda _: httpx.post(url, content=b"x", timeout=30), range(5)))
         statuses = sorted(a.status_code for a in answers)

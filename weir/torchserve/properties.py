@@ -75,6 +75,7 @@ class ModelVersionSettings:
     response_timeout_s: int | None = None
     startup_timeout_s: int | None = None
     job_queue_size: int | None = None
+    client_timeout_ms: int | None = None
     other: dict[str, Any] = field(default_factory=dict)
 
 

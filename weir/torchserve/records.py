@@ -43,6 +43,7 @@ class VersionRecord:
     # TorchServe's default: what a book written before the startup timeout was kept reads as.
     startup_timeout_s: int = 120
     job_queue_size: int = 100
+    client_timeout_ms: int = 0
     is_default: bool = False
 
 

@@ -38,6 +38,7 @@ _YAML_KEYS = {
     "responseTimeout": "response_timeout_s",
     "startupTimeout": "startup_timeout_s",
     "jobQueueSize": "job_queue_size",
+    "clientTimeoutInMills": "client_timeout_ms",
     "minWorkers": "min_workers",
     "maxWorkers": "max_workers",
 }
@@ -54,6 +55,7 @@ class VersionSettings:
     response_timeout_s: int
     startup_timeout_s: int
     job_queue_size: int
+    client_timeout_ms: int  # 0: none
 
 
 def requested(
@@ -132,6 +134,7 @@ def resolve(layers: tuple[ModelVersionSettings, ...], default_workers: int) -> V
         response_timeout_s=pick("response_timeout_s", DEFAULT_RESPONSE_TIMEOUT_S),
         startup_timeout_s=pick("startup_timeout_s", DEFAULT_STARTUP_TIMEOUT_S),
         job_queue_size=pick("job_queue_size", DEFAULT_JOB_QUEUE_SIZE),
+        client_timeout_ms=pick("client_timeout_ms", 0),
     )
 
 
@@ -145,6 +148,7 @@ def in_force(current: VersionRecord, asked: VersionSettings) -> VersionSettings:
         asked.response_timeout_s,
         asked.startup_timeout_s,
         current.job_queue_size,
+        current.client_timeout_ms,
     )
 
 
@@ -157,8 +161,12 @@ def model_config(name: str, settings: VersionSettings, kind: InstanceKind) -> di
         "dynamic_batching": {
             "preferred_batch_size": [settings.batch_size],
             "max_queue_delay_microseconds": settings.max_batch_delay_ms * 1000,
-            # TorchServe's job queue: past it a request is refused with a 503.
-            "default_queue_policy": {"max_queue_size": settings.job_queue_size},
+            # TorchServe's job queue: past it a request is refused with a 503; its client
+            # timeout: a request not answered within it is answered so (0: none).
+            "default_queue_policy": {
+                "max_queue_size": settings.job_queue_size,
+                "default_timeout_microseconds": settings.client_timeout_ms * 1000,
+            },
         },
         "instance_group": [{"count": settings.min_workers, "kind": kind.value}],
         "version_policy": {"all": {}},
