@@ -92,7 +92,8 @@ async def register(request: Request) -> Response:
 @router.get("/models/{model}/{version}")
 async def describe(request: Request, model: str, version: str | None = None) -> Response:
     async def answer(state: GatewayState, store: ModelStore) -> Response:
-        return _json(await describe_versions(state, store, model, version))
+        customized = _flag(request.query_params.get("customized"), False)
+        return _json(await describe_versions(state, store, model, version, customized))
 
     return await _guarded(request, answer)
 

@@ -9,26 +9,55 @@ version's queued count in Redis, ``remainingCapacity`` what its job queue takes 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from typing import Any
 
+import orjson
 from redis.exceptions import RedisError
+from starlette.datastructures import Headers
 
 from gateway.state import GatewayState
+from gateway.torchserve.inference_routes import Prediction, prediction
 from weir import names
 from weir.torchserve.store import ModelStore, VersionRecord
+from weir.wire import InferReply
 
 
 async def describe_versions(
-    state: GatewayState, store: ModelStore, model: str, version: str | None
+    state: GatewayState, store: ModelStore, model: str, version: str | None, customized: bool
 ) -> list[dict[str, Any]]:
-    """``GET /models/{model}[/{version}|/all]``: the versions asked for, described."""
+    """``GET /models/{model}[/{version}|/all][?customized=true]``: the versions asked for."""
     record = await asyncio.to_thread(store.describe, model)
     if version == "all":
-        chosen = record.versions
-    else:
-        weir_version = store.version_for(model, version)
-        chosen = [v for v in record.versions if v.weir_version == weir_version]
-    return [await _describe(state, model, v) for v in chosen]
+        return [await _describe(state, model, v) for v in record.versions]
+    weir_version = store.version_for(model, version)
+    (chosen,) = [v for v in record.versions if v.weir_version == weir_version]
+    described = await _describe(state, model, chosen)
+    if customized:
+        described["customizedMetadata"] = await _customized(state, model, chosen)
+    return [described]
+
+
+async def _customized(state: GatewayState, model: str, version: VersionRecord) -> Any:
+    """The handler's own description (``describe_handle``), as TorchServe asks for it.
+
+    A request with the header ``describe: True`` and no body, through the version's queue
+    like any prediction; its answer is read as JSON (anything else: an empty object).
+    """
+    asked = Prediction(model, version.ts_version, False, Headers({"describe": "True"}), b"")
+    answer = await prediction(state, asked, _no_body, _awaited)
+    try:
+        return orjson.loads(answer.content)
+    except orjson.JSONDecodeError:
+        return {}
+
+
+async def _no_body() -> bytes:
+    return b""
+
+
+def _awaited(reply: Awaitable[InferReply]) -> Awaitable[InferReply]:
+    return reply
 
 
 async def _describe(state: GatewayState, model: str, version: VersionRecord) -> dict[str, Any]:
