@@ -30,6 +30,7 @@ from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.shared_memory_routes import router as shared_memory_router
 from gateway.state import STATE_KEY, GatewayState
+from gateway.torchserve import api_description
 from gateway.torchserve.front import TorchServeFront
 from gateway.torchserve.inference_routes import router as torchserve_inference_router
 from gateway.torchserve.management_routes import router as torchserve_management_router
@@ -146,6 +147,8 @@ def create_app(
     app.include_router(repository_router)
     app.include_router(torchserve_inference_router)
     app.include_router(torchserve_management_router)
+    app.include_router(api_description.inference_router)
+    app.include_router(api_description.management_router)
     app.add_exception_handler(WeirError, _weir_error)
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
