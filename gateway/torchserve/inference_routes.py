@@ -35,7 +35,6 @@ from weir.wire import InferReply
 
 logger = logging.getLogger(__name__)
 router = APIRouter()
-METHODS = ["POST", "PUT"]
 ANSWER = (envelope.RESPONSE, envelope.STATUS, envelope.HEADERS)
 _NO_WORKER = (
     'Model "{model}" has no worker to serve inference request. Please use scale workers API '
@@ -53,14 +52,19 @@ async def ping(request: Request) -> Response:
     return status_response("Healthy" if healthy else "Unhealthy", 200 if healthy else 500)
 
 
-@router.api_route("/predictions/{model}", methods=METHODS)
-@router.api_route("/predictions/{model}/{version}", methods=METHODS)
+# One route per method: OpenAPI gives each its own operation.
+@router.post("/predictions/{model}")
+@router.put("/predictions/{model}")
+@router.post("/predictions/{model}/{version}")
+@router.put("/predictions/{model}/{version}")
 async def predictions(request: Request, model: str, version: str | None = None) -> Response:
     return await guarded_prediction(request, model, version, explain=False)
 
 
-@router.api_route("/explanations/{model}", methods=METHODS)
-@router.api_route("/explanations/{model}/{version}", methods=METHODS)
+@router.post("/explanations/{model}")
+@router.put("/explanations/{model}")
+@router.post("/explanations/{model}/{version}")
+@router.put("/explanations/{model}/{version}")
 async def explanations(request: Request, model: str, version: str | None = None) -> Response:
     return await guarded_prediction(request, model, version, explain=True)
 
