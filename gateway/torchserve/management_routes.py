@@ -59,6 +59,7 @@ async def register(request: Request) -> Response:
         query = await _register_query(request, state.settings.body_limit_bytes)
         if not query.get("url"):
             raise InvalidInput("Parameter url is required.")
+        _check_unsupported(query)
         workers = _opt_int(query, "initial_workers")
         registration = await asyncio.to_thread(
             store.register,
@@ -196,6 +197,18 @@ async def _scale(state: GatewayState, store: ModelStore, model: str, workers: in
 async def _unload(state: GatewayState, model: str) -> None:
     if model in state.catalog.models:
         await model_control.unload(state, model, {})
+
+
+def _check_unsupported(query: dict[str, Any]) -> None:
+    """Refuse what would otherwise be ignored: another handler, a runtime not Python's."""
+    if query.get("handler"):
+        raise InvalidInput(
+            "Parameter handler is not supported: the archive's own handler serves it; "
+            "build the archive with torch-model-archiver --handler instead"
+        )
+    runtime = str(query.get("runtime") or "python")
+    if runtime.lower() not in ("python", "python3"):
+        raise InvalidInput(f"Parameter runtime {runtime!r} is not supported: only python")
 
 
 async def _register_query(request: Request, limit_bytes: int) -> dict[str, Any]:

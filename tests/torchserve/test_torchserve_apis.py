@@ -264,6 +264,10 @@ def test_errors_come_back_in_torchserves_shape(ts_mesh: tuple[Mesh, str]) -> Non
     assert untimed.status_code == 400
     assert untimed.json()["message"] == "startup_timeout must be 1 or more, not 0"
     assert missing.json()["message"] == "Model not found at: absent.mar"
+    other_handler = register(management, "status.mar", handler="image_classifier")
+    assert other_handler.status_code == 400
+    assert "Parameter handler is not supported" in other_handler.json()["message"]
+    assert register(management, "status.mar", runtime="cpp").status_code == 400
 
 
 def test_a_handler_answering_the_wrong_count_fails_each_request(
