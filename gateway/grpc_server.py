@@ -99,6 +99,11 @@ class _Handlers:
         self.handlers = dict(handlers)
 
 
+def torchserve_grpc_port(settings: GatewaySettings) -> int:
+    """TorchServe's gRPC inference port, served with a model store only (0: none)."""
+    return settings.ts_grpc_inference_port if settings.model_store is not None else 0
+
+
 def bind_address(host: str, port: int) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
@@ -114,18 +119,31 @@ class GrpcServer:
         self._stopping: asyncio.Future[None] | None = None
 
     async def start(self) -> None:
-        self.server = grpc.aio.server(options=server_options(self.state.settings))
-        servicer = InferenceServicer(self.state)
-        add_servicer(servicer, self.server)
+        settings = self.state.settings
+        self.server = grpc.aio.server(options=server_options(settings))
+        if settings.grpc_port:
+            add_servicer(InferenceServicer(self.state), self.server)
+            self._listen(self.address, "WEIR_GATEWAY_GRPC_PORT")
+        torchserve_port = torchserve_grpc_port(settings)
+        if torchserve_port:
+            # TorchServe's own gRPC inference API, on its port (gateway.torchserve).
+            from gateway.torchserve import grpc_inference
+
+            self.server.add_generic_rpc_handlers((grpc_inference.handlers(self.state),))
+            address = bind_address(settings.host, torchserve_port)
+            self._listen(address, "WEIR_GATEWAY_TS_GRPC_INFERENCE_PORT")
+        await self.server.start()
+        if settings.grpc_port:
+            logger.info("serving KServe v2 gRPC on %s", self.address)
+
+    def _listen(self, address: str, setting: str) -> None:
         try:
-            self.server.add_insecure_port(self.address)
+            self.server.add_insecure_port(address)
         except RuntimeError:
             raise OSError(
-                f"cannot serve gRPC on {self.address}: the port is taken or the address is "
-                "not this host's (WEIR_GATEWAY_GRPC_PORT picks another port, 0 turns gRPC off)"
+                f"cannot serve gRPC on {address}: the port is taken or the address is "
+                f"not this host's ({setting} picks another port, 0 turns it off)"
             ) from None
-        await self.server.start()
-        logger.info("serving KServe v2 gRPC on %s", self.address)
 
     def drain(self) -> None:
         """Stop taking calls and let those in flight finish, up to the grace period."""

@@ -70,6 +70,11 @@ def _torchserve(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="TorchServe's management API port with a model store, 0 for none (default 8081)",
     )
+    parser.add_argument(
+        "--ts-grpc-inference-port",
+        type=int,
+        help="TorchServe's gRPC inference API port with a model store, 0 for none (default 7070)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -66,10 +66,11 @@ class Embedded(Service):
             flush=True,
         )
         if self.plan.model_store is not None:
-            management = self.plan.ts_management_port
+            management, ts_grpc = self.plan.ts_management_port, self.plan.ts_grpc_inference_port
             print(
                 f"TorchServe APIs: inference http://127.0.0.1:{self.plan.http_port}"
-                f"/predictions/<model>, management "
+                f"/predictions/<model>, gRPC inference "
+                f"{f'127.0.0.1:{ts_grpc}' if ts_grpc else 'off'}, management "
                 f"{f'http://127.0.0.1:{management}/models' if management else 'off'}, "
                 f"model store {self.plan.model_store}.",
                 flush=True,

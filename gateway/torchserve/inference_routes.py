@@ -31,6 +31,7 @@ from weir.errors import BodyTooLarge, NotFound, Unavailable, WeirError
 from weir.repository import ModelEntry, shown
 from weir.tensors import Tensor
 from weir.torchserve import envelope
+from weir.torchserve.envelope import Parameter, TsRequest
 from weir.wire import InferReply
 
 logger = logging.getLogger(__name__)
@@ -109,6 +110,8 @@ class Prediction:
     explain: bool
     headers: Headers
     query: bytes
+    # The request's parameters as given (gRPC's input map); None: made from the HTTP request.
+    parameters: tuple[Parameter, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -135,8 +138,10 @@ async def prediction(
     if registered:
         await _check_served(state, entry, weir_version)
     try:
-        raw = await read()
-        request = await ts_request(asked.headers, asked.query, raw, asked.explain)
+        if asked.parameters is None:
+            request = await ts_request(asked.headers, asked.query, await read(), asked.explain)
+        else:
+            request = TsRequest(list(asked.parameters), dict(asked.headers.items()))
         body = InferBody({envelope.TS_REQUEST: _element(entry, request)}, _wanted())
         reply = await followed(execute(state, entry, weir_version, body))
         answer = _answer(state, reply)

@@ -44,6 +44,12 @@ class TorchServeGatewaySettings(BaseSettings):
     ts_default_startup_timeout_s: int = Field(
         120, gt=0, description="startupTimeout where none is set (default_startup_timeout)"
     )
+    ts_grpc_inference_port: int = Field(
+        7070,
+        ge=0,
+        le=65535,
+        description="TorchServe's gRPC inference API (with a model store; 0: none)",
+    )
     ts_job_queue_size: int = Field(
         100, gt=0, description="requests an archive queues where none says (job_queue_size)"
     )

@@ -48,6 +48,7 @@ _ENV_KEYS = (
     "decode_input_request",
     "allowed_urls",
     "job_queue_size",
+    "grpc_inference_port",
 )
 
 
@@ -105,6 +106,7 @@ class TsProperties:
             as TorchServe's workers read it.
         allowed_urls: ``allowed_urls``, the patterns an archive URL to download must match.
         job_queue_size: ``job_queue_size``, the requests each model queues (TorchServe: 100).
+        grpc_inference_port: ``grpc_inference_port`` (TorchServe: 7070).
         enable_envvars_config: Whether ``TS_<KEY>`` environment variables were applied.
         ignored: Every other key present, in file order.
     """
@@ -125,6 +127,7 @@ class TsProperties:
     decode_input_request: bool | None = None
     allowed_urls: str | None = None
     job_queue_size: int | None = None
+    grpc_inference_port: int | None = None
     enable_envvars_config: bool = False
     ignored: list[str] = field(default_factory=list)
 
@@ -373,4 +376,5 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "decode_input_request": _exactly_true,
     "allowed_urls": _patterns,
     "job_queue_size": partial(_integer, minimum=1),
+    "grpc_inference_port": partial(_integer, minimum=0),
 }

@@ -84,6 +84,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_decode_input_request": properties.decode_input_request,
         "ts_allowed_urls": properties.allowed_urls,
         "ts_job_queue_size": properties.job_queue_size,
+        "ts_grpc_inference_port": properties.grpc_inference_port,
     }
     return {k: v for k, v in candidates.items() if v is not None and k not in given}
 
