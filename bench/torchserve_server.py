@@ -136,7 +136,8 @@ def weir_archives_server(work_dir: Path, log: Path) -> WeirArchivesServer:
     command = [sys.executable, "-m", "weir.cli", "up", "--ts-config"]
     command += [str(work_dir / "config.properties"), "--http-port", str(port)]
     command += ["--ts-management-port", str(free_port()), "--metrics-port", str(free_port())]
-    command += ["--ts-grpc-inference-port", "0"]  # the TorchServe peer's is in the config
+    # The TorchServe peer's gRPC ports are in the config.
+    command += ["--ts-grpc-inference-port", "0", "--ts-grpc-management-port", "0"]
     command += ["--grpc-port", "0", "--redis-port", str(redis_port)]
     redis_url = f"redis://127.0.0.1:{redis_port}/0"
     return WeirArchivesServer(WEIR_ARCHIVES, command, port, log, redis_url=redis_url)

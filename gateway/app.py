@@ -112,7 +112,8 @@ def create_app(
         # gateway is kept out of the collector's full collections.
         gc.freeze()
         try:
-            if settings.grpc_port or (settings.model_store and settings.ts_grpc_inference_port):
+            ts_grpc = settings.ts_grpc_inference_port or settings.ts_grpc_management_port
+            if settings.grpc_port or (store is not None and ts_grpc):
                 grpc_server = await _start_grpc(state)
                 if drain_hooks is not None:
                     drain_hooks.append(grpc_server.drain)

@@ -99,9 +99,11 @@ class _Handlers:
         self.handlers = dict(handlers)
 
 
-def torchserve_grpc_port(settings: GatewaySettings) -> int:
-    """TorchServe's gRPC inference port, served with a model store only (0: none)."""
-    return settings.ts_grpc_inference_port if settings.model_store is not None else 0
+def torchserve_grpc_ports(settings: GatewaySettings) -> tuple[int, int]:
+    """TorchServe's gRPC inference and management ports, with a model store only (0: none)."""
+    if settings.model_store is None:
+        return 0, 0
+    return settings.ts_grpc_inference_port, settings.ts_grpc_management_port
 
 
 def bind_address(host: str, port: int) -> str:
@@ -124,14 +126,19 @@ class GrpcServer:
         if settings.grpc_port:
             add_servicer(InferenceServicer(self.state), self.server)
             self._listen(self.address, "WEIR_GATEWAY_GRPC_PORT")
-        torchserve_port = torchserve_grpc_port(settings)
-        if torchserve_port:
-            # TorchServe's own gRPC inference API, on its port (gateway.torchserve).
-            from gateway.torchserve import grpc_inference
+        inference, management = torchserve_grpc_ports(settings)
+        if inference or management:
+            # TorchServe's own gRPC APIs, on their ports (gateway.torchserve). Each service
+            # answers on every port of the server, as the KServe one does.
+            from gateway.torchserve import grpc_inference, grpc_management
 
-            self.server.add_generic_rpc_handlers((grpc_inference.handlers(self.state),))
-            address = bind_address(settings.host, torchserve_port)
-            self._listen(address, "WEIR_GATEWAY_TS_GRPC_INFERENCE_PORT")
+            self.server.add_generic_rpc_handlers(
+                (grpc_inference.handlers(self.state), grpc_management.handlers(self.state))
+            )
+        for port, setting in ((inference, "INFERENCE"), (management, "MANAGEMENT")):
+            if port:
+                address = bind_address(settings.host, port)
+                self._listen(address, f"WEIR_GATEWAY_TS_GRPC_{setting}_PORT")
         await self.server.start()
         if settings.grpc_port:
             logger.info("serving KServe v2 gRPC on %s", self.address)

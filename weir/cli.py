@@ -75,6 +75,11 @@ def _torchserve(parser: argparse.ArgumentParser) -> None:
         type=int,
         help="TorchServe's gRPC inference API port with a model store, 0 for none (default 7070)",
     )
+    parser.add_argument(
+        "--ts-grpc-management-port",
+        type=int,
+        help="TorchServe's gRPC management API port with a model store, 0 for none (7071)",
+    )
 
 
 def _parser() -> argparse.ArgumentParser:

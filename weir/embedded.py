@@ -66,11 +66,12 @@ class Embedded(Service):
             flush=True,
         )
         if self.plan.model_store is not None:
-            management, ts_grpc = self.plan.ts_management_port, self.plan.ts_grpc_inference_port
+            plan = self.plan
+            management = plan.ts_management_port
             print(
-                f"TorchServe APIs: inference http://127.0.0.1:{self.plan.http_port}"
-                f"/predictions/<model>, gRPC inference "
-                f"{f'127.0.0.1:{ts_grpc}' if ts_grpc else 'off'}, management "
+                f"TorchServe APIs: inference http://127.0.0.1:{plan.http_port}"
+                f"/predictions/<model>, gRPC inference {_grpc(plan.ts_grpc_inference_port)}, "
+                f"gRPC management {_grpc(plan.ts_grpc_management_port)}, management "
                 f"{f'http://127.0.0.1:{management}/models' if management else 'off'}, "
                 f"model store {self.plan.model_store}.",
                 flush=True,
@@ -171,6 +172,10 @@ async def _http_ok(port: int, path: str) -> bool:
         return False
     finally:
         writer.close()
+
+
+def _grpc(port: int) -> str:
+    return f"127.0.0.1:{port}" if port else "off"
 
 
 def main() -> int:

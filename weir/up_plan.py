@@ -45,6 +45,7 @@ class UpPlan:
     model_store: str | None = None
     ts_management_port: int = 0
     ts_grpc_inference_port: int = 0
+    ts_grpc_management_port: int = 0
     # WEIR_* for every child, beside the private Redis's URL (known once it runs).
     child_env: dict[str, str] = field(default_factory=dict)
 
@@ -82,6 +83,7 @@ class UpPlan:
                 ),
                 WEIR_GATEWAY_TS_JOB_QUEUE_SIZE=str(settings.ts_job_queue_size),
                 WEIR_GATEWAY_TS_GRPC_INFERENCE_PORT=str(settings.ts_grpc_inference_port),
+                WEIR_GATEWAY_TS_GRPC_MANAGEMENT_PORT=str(settings.ts_grpc_management_port),
                 WEIR_GATEWAY_TS_ALLOWED_URLS=settings.ts_allowed_urls,
                 WEIR_GATEWAY_TS_MAX_DOWNLOAD_BYTES=str(settings.ts_max_download_bytes),
                 WEIR_GATEWAY_TS_DOWNLOAD_TIMEOUT_S=str(settings.ts_download_timeout_s),
@@ -103,6 +105,7 @@ class UpPlan:
             model_store=store,
             ts_management_port=settings.ts_management_port,
             ts_grpc_inference_port=settings.ts_grpc_inference_port,
+            ts_grpc_management_port=settings.ts_grpc_management_port,
             child_env=env,
         )
 

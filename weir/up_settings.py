@@ -48,6 +48,7 @@ class UpSettings(ServiceSettings):
     ts_decode_input_request: bool = True
     ts_job_queue_size: int = Field(100, gt=0)
     ts_grpc_inference_port: int = Field(7070, ge=0, le=65535)
+    ts_grpc_management_port: int = Field(7071, ge=0, le=65535)
     ts_allowed_urls: str = DEFAULT_ALLOWED_URLS
     ts_max_download_bytes: int = Field(10 * 1024**3, gt=0)
     ts_download_timeout_s: float = Field(60.0, gt=0)

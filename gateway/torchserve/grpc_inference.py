@@ -21,80 +21,51 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
-from google.protobuf import descriptor_pb2, descriptor_pool, empty_pb2, message_factory
+from google.protobuf import descriptor_pb2, empty_pb2
 from starlette.datastructures import Headers
 
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.health import ready_when, serves_all
 from gateway.state import GatewayState
+from gateway.torchserve.grpc_messages import (
+    Context,
+    Field,
+    add_message,
+    authorization,
+    classes,
+    file_proto,
+    status_code,
+)
 from gateway.torchserve.inference_routes import Prediction, prediction
 from weir.errors import WeirError
 from weir.torchserve.envelope import Parameter
 
-Context = grpc.aio.ServicerContext[Any, Any]
 PACKAGE = "org.pytorch.serve.grpc.inference"
 SERVICE = f"{PACKAGE}.InferenceAPIsService"
-# TorchServe's mapping of HTTP statuses to gRPC's.
-_STATUS = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    401: grpc.StatusCode.UNAUTHENTICATED,
-    403: grpc.StatusCode.PERMISSION_DENIED,
-    404: grpc.StatusCode.NOT_FOUND,
-    409: grpc.StatusCode.ABORTED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    429: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    499: grpc.StatusCode.CANCELLED,
-    501: grpc.StatusCode.UNIMPLEMENTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-    504: grpc.StatusCode.DEADLINE_EXCEEDED,
-}
 
 
 def _file() -> descriptor_pb2.FileDescriptorProto:
-    field = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="weir/torchserve/inference.proto",
-        package=PACKAGE,
-        syntax="proto3",
-        dependency=["google/protobuf/empty.proto"],
+    proto = file_proto(PACKAGE, "inference")
+    request = add_message(
+        proto, "PredictionsRequest", [("model_name", "string"), ("model_version", "string")]
     )
-    request = proto.message_type.add(name="PredictionsRequest")
-    request.field.add(name="model_name", number=1, type=field.TYPE_STRING)
-    request.field.add(name="model_version", number=2, type=field.TYPE_STRING)
     entry = request.nested_type.add(name="InputEntry")
-    entry.field.add(name="key", number=1, type=field.TYPE_STRING)
-    entry.field.add(name="value", number=2, type=field.TYPE_BYTES)
+    entry.field.add(name="key", number=1, type=Field.TYPE_STRING, label=Field.LABEL_OPTIONAL)
+    entry.field.add(name="value", number=2, type=Field.TYPE_BYTES, label=Field.LABEL_OPTIONAL)
     entry.options.map_entry = True
     request.field.add(
         name="input",
         number=3,
-        type=field.TYPE_MESSAGE,
-        label=field.LABEL_REPEATED,
+        type=Field.TYPE_MESSAGE,
+        label=Field.LABEL_REPEATED,
         type_name=f".{PACKAGE}.PredictionsRequest.InputEntry",
     )
-    response = proto.message_type.add(name="PredictionResponse")
-    response.field.add(name="prediction", number=1, type=field.TYPE_BYTES)
-    health = proto.message_type.add(name="TorchServeHealthResponse")
-    health.field.add(name="health", number=1, type=field.TYPE_STRING)
-    for message in proto.message_type:
-        for each in message.field:
-            if not each.label:
-                each.label = field.LABEL_OPTIONAL
+    add_message(proto, "PredictionResponse", [("prediction", "bytes")])
+    add_message(proto, "TorchServeHealthResponse", [("health", "string")])
     return proto
 
 
-def _messages() -> dict[str, Any]:
-    pool = descriptor_pool.DescriptorPool()
-    pool.AddSerializedFile(empty_pb2.DESCRIPTOR.serialized_pb)
-    pool.Add(_file())
-    names = ("PredictionsRequest", "PredictionResponse", "TorchServeHealthResponse")
-    return {
-        name: message_factory.GetMessageClass(pool.FindMessageTypeByName(f"{PACKAGE}.{name}"))
-        for name in names
-    }
-
-
-MESSAGES = _messages()
+MESSAGES = classes(_file())
 PredictionsRequest = MESSAGES["PredictionsRequest"]
 PredictionResponse = MESSAGES["PredictionResponse"]
 TorchServeHealthResponse = MESSAGES["TorchServeHealthResponse"]
@@ -125,12 +96,12 @@ class TorchServeInference:
         try:
             token = required_token(self.state.settings, Scope.INFERENCE)
             if token is not None:
-                check_authorization(_authorization(context), token, Scope.INFERENCE)
+                check_authorization(authorization(context), token, Scope.INFERENCE)
             answer = await prediction(self.state, asked, _no_body, _awaited)
         except WeirError as exc:
-            await context.abort(_code(exc.http_status), exc.message)
+            await context.abort(status_code(exc.http_status), exc.message)
         if answer.status != 200:
-            await context.abort(_code(answer.status), answer.content.decode(errors="replace"))
+            await context.abort(status_code(answer.status), answer.content.decode(errors="replace"))
         return PredictionResponse(prediction=answer.content)
 
     async def stream_predictions(self, request: Any, context: Context) -> AsyncIterator[Any]:
@@ -165,19 +136,6 @@ def handlers(state: GatewayState) -> grpc.GenericRpcHandler:
             ),
         },
     )
-
-
-def _authorization(context: Context) -> str:
-    for name, value in context.invocation_metadata() or ():
-        if name == "authorization":
-            return str(value)
-    return ""
-
-
-def _code(http_status: int) -> grpc.StatusCode:
-    if 200 <= http_status < 300:
-        return grpc.StatusCode.OK
-    return _STATUS.get(http_status, grpc.StatusCode.INTERNAL)
 
 
 async def _no_body() -> bytes:

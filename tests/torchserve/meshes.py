@@ -27,6 +27,7 @@ def store_mesh(
         "WEIR_MODEL_CONTROL_MODE": "explicit",
         "WEIR_GATEWAY_TS_MANAGEMENT_PORT": str(port),
         "WEIR_GATEWAY_TS_GRPC_INFERENCE_PORT": str(free_port()),
+        "WEIR_GATEWAY_TS_GRPC_MANAGEMENT_PORT": str(free_port()),
         "WEIR_GATEWAY_MANAGEMENT_TOKEN": management_token,
         **env,
     }
@@ -50,17 +51,19 @@ class TsConfig:
     management_port: int
     metrics_port: int
     grpc_inference_port: int
+    grpc_management_port: int
 
 
 def write_ts_config(directory: Path, store: Path, *lines: str) -> TsConfig:
-    """``directory/config.properties``: free ports for the four APIs, ``store``, ``lines``."""
-    ports = free_port(), free_port(), free_port(), free_port()
+    """``directory/config.properties``: free ports for the five APIs, ``store``, ``lines``."""
+    ports = free_port(), free_port(), free_port(), free_port(), free_port()
     path = directory / "config.properties"
     path.write_text(
         f"inference_address=http://127.0.0.1:{ports[0]}\n"
         f"management_address=http://127.0.0.1:{ports[1]}\n"
         f"metrics_address=http://127.0.0.1:{ports[2]}\n"
         f"grpc_inference_port={ports[3]}\n"
+        f"grpc_management_port={ports[4]}\n"
         f"model_store={store}\n" + "".join(f"{line}\n" for line in lines)
     )
     return TsConfig(path, *ports)

@@ -15,6 +15,7 @@ import grpc
 import pytest
 from google.protobuf import empty_pb2
 
+from gateway.torchserve import grpc_management
 from gateway.torchserve.grpc_inference import (
     SERVICE,
     PredictionResponse,
@@ -97,3 +98,46 @@ def test_pings_and_predictions_answer_as_torchserve(
             call(channel, "Predictions", unknown.SerializeToString())
         assert refused.value.code() == grpc.StatusCode.NOT_FOUND
         assert "absent" in (refused.value.details() or "")
+
+
+def manage(channel: grpc.Channel, method: str, message: str, **fields: object) -> str:
+    request = grpc_management.MESSAGES[message](**fields).SerializeToString()
+    answer = channel.unary_unary(f"/{grpc_management.SERVICE}/{method}")(request, timeout=120)
+    return str(grpc_management.ManagementResponse.FromString(answer).msg)
+
+
+def test_the_management_api_over_grpc(tmp_path: Path) -> None:
+    store = tmp_path / "model-store"
+    build_archive(store, "echo", ECHO)
+    build_archive(store, "other", ECHO)
+    config = write_ts_config(tmp_path, store)
+    args = ["--ts-config", str(config.path), "--models", "echo.mar", "--grpc-port", "0"]
+    args += ["--metrics-port", "0", "--redis-port", str(free_port())]
+    address = f"127.0.0.1:{config.grpc_management_port}"
+    with weir_up(*args), grpc.insecure_channel(address) as channel:
+        listed = json.loads(manage(channel, "ListModels", "ListModelsRequest"))
+        assert listed == {"models": [{"modelName": "echo", "modelUrl": "echo.mar"}]}
+
+        registered = manage(
+            channel, "RegisterModel", "RegisterModelRequest",
+            url="other.mar", initial_workers=1, synchronous=True, batch_size=4,
+        )  # fmt: skip
+        assert registered == 'Model "other" Version: 1.0 registered with 1 initial workers'
+        (described,) = json.loads(
+            manage(channel, "DescribeModel", "DescribeModelRequest", model_name="other")
+        )
+        assert (described["batchSize"], len(described["workers"])) == (4, 1)
+        scaled = manage(
+            channel, "ScaleWorker", "ScaleWorkerRequest",
+            model_name="other", min_worker=2, synchronous=True,
+        )  # fmt: skip
+        assert scaled == "Workers scaled to 2 for model: other"
+        assert (
+            manage(channel, "UnregisterModel", "UnregisterModelRequest", model_name="other")
+            == 'Model "other" unregistered'
+        )
+
+        with pytest.raises(grpc.RpcError) as missing:
+            manage(channel, "DescribeModel", "DescribeModelRequest", model_name="absent")
+        assert missing.value.code() == grpc.StatusCode.NOT_FOUND
+        assert "absent" in (missing.value.details() or "")

@@ -50,6 +50,12 @@ class TorchServeGatewaySettings(BaseSettings):
         le=65535,
         description="TorchServe's gRPC inference API (with a model store; 0: none)",
     )
+    ts_grpc_management_port: int = Field(
+        7071,
+        ge=0,
+        le=65535,
+        description="TorchServe's gRPC management API (with a model store; 0: none)",
+    )
     ts_job_queue_size: int = Field(
         100, gt=0, description="requests an archive queues where none says (job_queue_size)"
     )

@@ -49,6 +49,7 @@ _ENV_KEYS = (
     "allowed_urls",
     "job_queue_size",
     "grpc_inference_port",
+    "grpc_management_port",
 )
 
 
@@ -107,6 +108,7 @@ class TsProperties:
         allowed_urls: ``allowed_urls``, the patterns an archive URL to download must match.
         job_queue_size: ``job_queue_size``, the requests each model queues (TorchServe: 100).
         grpc_inference_port: ``grpc_inference_port`` (TorchServe: 7070).
+        grpc_management_port: ``grpc_management_port`` (TorchServe: 7071).
         enable_envvars_config: Whether ``TS_<KEY>`` environment variables were applied.
         ignored: Every other key present, in file order.
     """
@@ -128,6 +130,7 @@ class TsProperties:
     allowed_urls: str | None = None
     job_queue_size: int | None = None
     grpc_inference_port: int | None = None
+    grpc_management_port: int | None = None
     enable_envvars_config: bool = False
     ignored: list[str] = field(default_factory=list)
 
@@ -377,4 +380,5 @@ _READERS: dict[str, Callable[[str], Any]] = {
     "allowed_urls": _patterns,
     "job_queue_size": partial(_integer, minimum=1),
     "grpc_inference_port": partial(_integer, minimum=0),
+    "grpc_management_port": partial(_integer, minimum=0),
 }

@@ -85,6 +85,7 @@ def _from_properties(settings: UpSettings, properties: TsProperties) -> dict[str
         "ts_allowed_urls": properties.allowed_urls,
         "ts_job_queue_size": properties.job_queue_size,
         "ts_grpc_inference_port": properties.grpc_inference_port,
+        "ts_grpc_management_port": properties.grpc_management_port,
     }
     return {k: v for k, v in candidates.items() if v is not None and k not in given}
 
