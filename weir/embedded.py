@@ -51,11 +51,16 @@ class Embedded(Service):
         return {**os.environ, **self.plan.child_env, "WEIR_REDIS_URL": self.redis.url}
 
     async def startup(self) -> None:
-        await asyncio.to_thread(self.redis.start)
-        self.env = self._environment()
-        for name, args in self._services():
-            self.children[name] = await self._spawn(args)
-        await self._wait_ready()
+        try:
+            await asyncio.to_thread(self.redis.start)
+            self.env = self._environment()
+            for name, args in self._services():
+                self.children[name] = await self._spawn(args)
+            await self._wait_ready()
+        except BaseException:
+            # Nothing started may outlive a start that failed: no orphaned service or Redis.
+            await self.shutdown()
+            raise
         grpc, metrics = self.plan.grpc_port, self.plan.metrics_port
         print(
             f"Weir is up: http://127.0.0.1:{self.plan.http_port}/v2 "
@@ -157,18 +162,25 @@ async def _stop(process: asyncio.subprocess.Process, timeout_s: float) -> None:
         await process.wait()
 
 
-async def _http_ok(port: int, path: str) -> bool:
+async def _http_ok(port: int, path: str, timeout_s: float = 2.0) -> bool:
+    """Whether ``path`` answers 200 on ``port``.
+
+    False too for whatever does not answer within ``timeout_s`` (another program holding
+    the port, say), so that waiting for the mesh still sees a service die.
+    """
     try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    except OSError:
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_connection("127.0.0.1", port), timeout_s
+        )
+    except (OSError, TimeoutError):
         return False
     try:
         writer.write(
             f"GET {path} HTTP/1.1\r\nHost: localhost\r\nConnection: close\r\n\r\n".encode()
         )
-        status = await reader.readline()
+        status = await asyncio.wait_for(reader.readline(), timeout_s)
         return status.split(b" ")[1:2] == [b"200"]
-    except OSError:
+    except (OSError, TimeoutError):
         return False
     finally:
         writer.close()

@@ -5,12 +5,15 @@ from __future__ import annotations
 import contextlib
 import re
 import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
 import psutil
 
-from tests.conftest import wait_until
+from tests.conftest import ROOT, wait_until
 from tests.weir_up import port_open, weir_up
 from weir.redis_server import free_port
 from weir.up_plan import PLAN_ENV
@@ -85,3 +88,25 @@ def infers(port: int) -> bool:
     except httpx.HTTPError:
         return False
     return response.status_code == 200
+
+
+def test_a_start_that_fails_leaves_nothing_running(tiny_repository: Path) -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port, redis_port = taken.getsockname()[1], free_port()
+        args = ["--http-port", str(port), "--metrics-port", "0", "--grpc-port", "0"]
+        args += ["--redis-port", str(redis_port), "--repository", str(tiny_repository)]
+        command = [sys.executable, "-m", "weir.cli", "up", *args]
+        up = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.DEVNULL)
+        try:
+            wait_until(lambda: services(up.pid, "worker") != [], 60, "the services to start")
+            started = psutil.Process(up.pid).children(recursive=True)
+            # The gateway cannot bind the port, so the mesh never becomes ready.
+            assert up.wait(120) != 0
+        finally:
+            if up.poll() is None:
+                up.kill()
+        gone = psutil.wait_procs(started, timeout=30)[1]
+        assert not gone, f"still running after weir up failed: {[p.cmdline() for p in gone]}"
+        assert not port_open(redis_port), "redis-server still listens after weir up failed"
