@@ -36,7 +36,7 @@ from gateway.torchserve.grpc_messages import (
     file_proto,
     status_code,
 )
-from gateway.torchserve.inference_routes import Prediction, prediction
+from gateway.torchserve.inference_routes import Prediction, bodiless_prediction
 from weir.errors import WeirError
 from weir.torchserve.envelope import Parameter
 
@@ -97,7 +97,7 @@ class TorchServeInference:
             token = required_token(self.state.settings, Scope.INFERENCE)
             if token is not None:
                 check_authorization(authorization(context), token, Scope.INFERENCE)
-            answer = await prediction(self.state, asked, _no_body, _awaited)
+            answer = await bodiless_prediction(self.state, asked)
         except WeirError as exc:
             await context.abort(status_code(exc.http_status), exc.message)
         if answer.status != 200:
@@ -136,11 +136,3 @@ def handlers(state: GatewayState) -> grpc.GenericRpcHandler:
             ),
         },
     )
-
-
-async def _no_body() -> bytes:
-    return b""
-
-
-async def _awaited(reply: Any) -> Any:
-    return await reply

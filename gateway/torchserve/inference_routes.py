@@ -152,6 +152,19 @@ async def prediction(
     return answer
 
 
+async def bodiless_prediction(state: GatewayState, asked: Prediction) -> Answer:
+    """A prediction with no HTTP body nor client connection behind it (gRPC, describe)."""
+    return await prediction(state, asked, _no_body, _awaited)
+
+
+async def _no_body() -> bytes:
+    return b""
+
+
+def _awaited(reply: Awaitable[InferReply]) -> Awaitable[InferReply]:
+    return reply
+
+
 def resolve(state: GatewayState, model: str, version: str | None) -> tuple[ModelEntry, str, bool]:
     """The archive's model, the Weir version a request goes to, and whether it is the store's.
 

@@ -9,7 +9,6 @@ version's queued count in Redis, ``remainingCapacity`` what its job queue takes 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable
 from typing import Any
 
 import orjson
@@ -17,10 +16,9 @@ from redis.exceptions import RedisError
 from starlette.datastructures import Headers
 
 from gateway.state import GatewayState
-from gateway.torchserve.inference_routes import Prediction, prediction
+from gateway.torchserve.inference_routes import Prediction, bodiless_prediction
 from weir import names
 from weir.torchserve.store import ModelStore, VersionRecord
-from weir.wire import InferReply
 
 
 async def describe_versions(
@@ -45,19 +43,11 @@ async def _customized(state: GatewayState, model: str, version: VersionRecord) -
     like any prediction; its answer is read as JSON (anything else: an empty object).
     """
     asked = Prediction(model, version.ts_version, False, Headers({"describe": "True"}), b"")
-    answer = await prediction(state, asked, _no_body, _awaited)
+    answer = await bodiless_prediction(state, asked)
     try:
         return orjson.loads(answer.content)
     except orjson.JSONDecodeError:
         return {}
-
-
-async def _no_body() -> bytes:
-    return b""
-
-
-def _awaited(reply: Awaitable[InferReply]) -> Awaitable[InferReply]:
-    return reply
 
 
 async def _describe(state: GatewayState, model: str, version: VersionRecord) -> dict[str, Any]:
