@@ -33,7 +33,9 @@ from typing import Any
 from redis.exceptions import RedisError
 
 from weir import names, stages
+from weir.errors import NotFound, Unavailable, WeirError
 from weir.redis_io.link import Arg, Command, HotLink
+from weir.wire import InferRequest
 
 ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
 # Redis's used memory is read at most this often: INFO costs Redis more than an admission.
@@ -222,3 +224,25 @@ def _fail(entries: list[_Entry], error: RedisError) -> None:
     for entry in entries:
         if not entry.admitted.done():
             entry.admitted.set_exception(error)
+
+
+def refusal(
+    request: InferRequest, admitted: int, limit: int, memory: MemoryGauge, retry_after_s: int
+) -> WeirError:
+    """The error for a request admission did not queue (Triton's words where it has them)."""
+    if admitted == CLOSED:
+        return NotFound(
+            f"Request for unknown model: '{request.model}' version {request.version} is unloaded"
+        )
+    if admitted == FULL:
+        return Unavailable(
+            f"request for model '{request.model}' version '{request.version}' exceeds "
+            f"maximum queue size {limit}",
+            retry_after_s,
+        )
+    return Unavailable(
+        f"Redis holds {memory.used_bytes} bytes, past the {memory.limit_bytes} of its "
+        f"maxmemory {memory.max_bytes} that new requests may fill "
+        "(WEIR_GATEWAY_ADMISSION_MEMORY_FRACTION); retry later",
+        retry_after_s,
+    )

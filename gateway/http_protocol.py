@@ -37,6 +37,7 @@ from gateway.direct_infer import InferExchange, exchange_for
 from gateway.disconnect import SCOPE_KEY, Disconnect
 from gateway.state import STATE_KEY, GatewayState
 from gateway.torchserve.direct_predictions import prediction_exchange
+from gateway.torchserve.streaming import ChunkedAnswer
 
 _TAKEN = (b"POST", b"PUT")  # KServe's infer (POST) and TorchServe's predictions (POST, PUT)
 REASONS = {
@@ -174,11 +175,13 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self.cycle is not None and not self.cycle.response_complete:
             return False  # pipelined behind a request not yet answered: uvicorn queues it
         keep_alive = parser.get_http_version() != "1.0" and parser.should_keep_alive()
-        exchange = exchange_for(method, self.url, self.headers, keep_alive) or prediction_exchange(
-            method, self.url, self.headers, keep_alive
-        )
+        exchange = exchange_for(method, self.url, self.headers, keep_alive)
         if exchange is None:
-            return False
+            exchange = prediction_exchange(method, self.url, self.headers, keep_alive)
+            if exchange is None:
+                return False
+            chunked = parser.get_http_version() != "1.0"
+            exchange.stream = ChunkedAnswer(self.transport, self.server_state, keep_alive, chunked)
         self.cycle = exchange  # type: ignore[assignment]
         if not exchange.start(exchange.body_limit(state)):
             self._answer(exchange, state)  # refused by its head: answered before its body
@@ -231,6 +234,12 @@ class LimitedHttpProtocol(HttpToolsProtocol):
 
     async def _respond(self, exchange: InferExchange, state: GatewayState) -> None:
         status, lines = await exchange.run(state, self._disconnect)
+        if not lines:  # streamed: written and ended as its parts came
+            if state.metrics.counts_responses:
+                state.metrics.responded(status)
+            exchange.response_complete = True
+            self.on_response_complete()
+            return
         if self.flow.write_paused and not exchange.disconnected:
             await self.flow.drain()
         if exchange.disconnected or self.transport.is_closing():

@@ -26,6 +26,7 @@ from gateway import (
 from gateway.codec import InferBody
 from gateway.compression import BoundedDecoder, Coding
 from gateway.disconnect import SCOPE_KEY, Disconnect
+from gateway.parts import PartListener
 from gateway.raw_binary import parse_raw_body
 from gateway.state import GatewayState
 from gateway.validation import check_request, precheck_input
@@ -90,16 +91,20 @@ async def infer_body(
 
 
 async def execute(
-    state: GatewayState, entry: ModelEntry, version: str, body: InferBody
+    state: GatewayState,
+    entry: ModelEntry,
+    version: str,
+    body: InferBody,
+    on_part: PartListener | None = None,
 ) -> InferReply:
     """Check a parsed request against its model, queue it and await its reply.
 
     The transport-independent part of an inference, shared by HTTP and gRPC: the same
     validation, admission and deadline. WeirError for any failure; the caller counts the
-    outcome in the metrics.
+    outcome in the metrics. ``on_part`` takes the parts of a streamed answer (gateway.parts).
     """
     batch = check_request(entry.config, body)
-    reply = await state.mesh.infer(entry, version, body, batch)
+    reply = await state.mesh.infer(entry, version, body, batch, on_part)
     reply.raise_for_error()
     reply.outputs = classification.apply(entry, body, reply.outputs)
     _check_response_size(entry, reply.outputs, state.settings.response_limit_bytes)

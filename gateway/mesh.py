@@ -4,7 +4,8 @@ Each gateway process owns one reply stream. One reader task reads it (many entri
 ``XREAD``) and resolves the waiting request by id; a reply nobody waits for any more (its
 deadline passed, or a redelivered batch answered it twice) is dropped, so each request is
 answered exactly once. Each read also trims what the previous read consumed, in the same
-round trip.
+round trip. A reply with a part number (a part of a streamed answer) goes to the request's
+part listener, when it has one (gateway.parts), and leaves the request waiting.
 """
 
 from __future__ import annotations
@@ -18,25 +19,19 @@ import uuid
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.admission import ADMITTED, CLOSED, FULL, Admission, MemoryGauge
+from gateway.admission import ADMITTED, Admission, refusal
 from gateway.cancels import Canceller
 from gateway.catalog import Catalog
 from gateway.codec import InferBody, check_parameter_size
 from gateway.deadline import Deadline
+from gateway.parts import PartFilter, PartListener
 from gateway.reply_streams import ENSURE_SCRIPT
 from gateway.resubmission import Accepted, Resubmitter
 from gateway.validation import priority_level
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
-from weir.errors import (
-    DeadlineExceeded,
-    InvalidInput,
-    NotFound,
-    ServerError,
-    Unavailable,
-    WeirError,
-)
+from weir.errors import DeadlineExceeded, InvalidInput, ServerError, Unavailable, WeirError
 from weir.redis_io.link import raise_errors
 from weir.redis_io.links import open_link
 from weir.redis_io.retry import RetryWait
@@ -62,6 +57,7 @@ class MeshClient:
         self.gateway_id = uuid.uuid4().hex[:16]
         self.reply_stream = names.reply_stream(self.gateway_id)
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
+        self.streaming: dict[str, PartFilter] = {}  # requests that take parts, by id
         self.inflight_bytes = 0  # the input bytes of the requests in self.waiting
         # The hot path's own connections: one shared by admissions, one for the blocking
         # reply reads (see weir.redis_io.link).
@@ -86,9 +82,17 @@ class MeshClient:
         return self.catalog.router
 
     async def infer(
-        self, entry: ModelEntry, version: str, body: InferBody, batch: int
+        self,
+        entry: ModelEntry,
+        version: str,
+        body: InferBody,
+        batch: int,
+        on_part: PartListener | None = None,
     ) -> InferReply:
-        """Queue one request and wait for its reply, at most until its deadline."""
+        """Queue one request and wait for its reply, at most until its deadline.
+
+        ``on_part`` gets each part of a streamed answer first (gateway.parts).
+        """
         settings = self.settings
         check_parameter_size(
             body.parameters, settings.max_parameters, settings.max_parameters_bytes
@@ -102,6 +106,8 @@ class MeshClient:
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferReply] = loop.create_future()
         self.waiting[request.id] = future
+        if on_part is not None:
+            self.streaming[request.id] = PartFilter(on_part)
         self.inflight_bytes += size
         # The deadline covers queueing too: a Redis that stops answering cannot hold a
         # request past it.
@@ -126,6 +132,8 @@ class MeshClient:
         finally:
             deadline.cancel()
             self.waiting.pop(request.id, None)
+            if on_part is not None:
+                self.streaming.pop(request.id, None)
             self.resubmitter.accepted.pop(request.id, None)
             self.inflight_bytes -= size
 
@@ -250,7 +258,7 @@ class MeshClient:
             raise Unavailable(f"cannot queue the request: {exc}", settings.retry_after_s) from None
         if admitted != ADMITTED:
             gauge = self.admission.gauge(request.model)
-            raise _refusal(request, admitted, limit, gauge, settings.retry_after_s)
+            raise refusal(request, admitted, limit, gauge, settings.retry_after_s)
 
     async def read_replies(self) -> None:
         """The reader task: runs for the gateway's life, whatever a read raises.
@@ -323,6 +331,14 @@ class MeshClient:
 
     def _resolve(self, payload: bytes) -> None:
         reply = InferReply.decode(payload)
+        if reply.part is not None:
+            listener = self.streaming.get(reply.id)
+            if listener is not None:
+                try:
+                    listener.take(reply)
+                except WeirError as exc:  # a part the request cannot take ends it
+                    self._fail(reply.id, exc)
+            return
         reply.ts[Stamp.GATEWAY_OUT] = time.time_ns()
         future = self.waiting.get(reply.id)
         if future is not None and not future.done():
@@ -376,25 +392,3 @@ class MeshClient:
             await self.redis.delete(self.reply_stream)
         except RedisError:
             logger.warning("could not delete reply stream %s", self.reply_stream)
-
-
-def _refusal(
-    request: InferRequest, admitted: int, limit: int, memory: MemoryGauge, retry_after_s: int
-) -> WeirError:
-    """The error for a request admission did not queue (Triton's words where it has them)."""
-    if admitted == CLOSED:
-        return NotFound(
-            f"Request for unknown model: '{request.model}' version {request.version} is unloaded"
-        )
-    if admitted == FULL:
-        return Unavailable(
-            f"request for model '{request.model}' version '{request.version}' exceeds "
-            f"maximum queue size {limit}",
-            retry_after_s,
-        )
-    return Unavailable(
-        f"Redis holds {memory.used_bytes} bytes, past the {memory.limit_bytes} of its "
-        f"maxmemory {memory.max_bytes} that new requests may fill "
-        "(WEIR_GATEWAY_ADMISSION_MEMORY_FRACTION); retry later",
-        retry_after_s,
-    )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import socket
 import subprocess
@@ -11,6 +12,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
+import psutil
 import pytest
 
 from tests.conftest import ROOT, wait_until
@@ -58,3 +60,14 @@ def weir_up(*args: str) -> Iterator[Up]:
 def port_open(port: int) -> bool:
     with socket.socket() as sock:
         return sock.connect_ex(("127.0.0.1", port)) == 0
+
+
+def services(pid: int, command: str) -> list[psutil.Process]:
+    """The children of weir up that run ``weir <command>``."""
+    found = []
+    for child in psutil.Process(pid).children():
+        with contextlib.suppress(psutil.NoSuchProcess):
+            alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
+            if alive and command in child.cmdline()[3:4]:
+                found.append(child)
+    return found

@@ -3,7 +3,9 @@
 A request entry carries ``id``, ``model``, ``version``, ``inputs`` (name -> tensor map),
 the requested ``outputs``, ``parameters``, ``deadline_ms`` (unix ms), ``reply_to`` (the
 gateway's reply stream) and ``ts`` (unix ns stamps for the metrics). A reply carries the
-same ``id`` with either ``outputs`` or ``error`` as ``[kind, message]``.
+same ``id`` with either ``outputs`` or ``error`` as ``[kind, message]``. A partial reply (a
+part of a streamed answer, sent while its batch still runs) also carries ``part``: its
+number, from 0, in the run that sent it; the reply without ``part`` ends the answer.
 
 Stream entries hold the encoded map under one field (``m``). A request entry also carries,
 as plain fields, what the batcher needs without decoding tensors: its batch size (``n``),
@@ -108,6 +110,7 @@ class InferReply:
     outputs: dict[str, Tensor] = field(default_factory=dict)
     error: tuple[str, str] | None = None
     ts: dict[str, int] = field(default_factory=dict)
+    part: int | None = None  # a partial reply's number; None: the answer itself
 
     @classmethod
     def failure(cls, request: InferRequest, error: WeirError) -> InferReply:
@@ -118,16 +121,17 @@ class InferReply:
             raise WeirError.of_kind(*self.error)
 
     def encode(self) -> bytes:
-        return _pack(
-            {
-                "id": self.id,
-                "model": self.model,
-                "version": self.version,
-                "outputs": {name: t.to_wire() for name, t in self.outputs.items()},
-                "error": list(self.error) if self.error else None,
-                "ts": self.ts,
-            }
-        )
+        message: dict[str, Any] = {
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "outputs": {name: t.to_wire() for name, t in self.outputs.items()},
+            "error": list(self.error) if self.error else None,
+            "ts": self.ts,
+        }
+        if self.part is not None:
+            message["part"] = self.part
+        return _pack(message)
 
     @classmethod
     def decode(cls, raw: bytes) -> InferReply:
@@ -140,6 +144,7 @@ class InferReply:
             outputs={name: Tensor.from_wire(t) for name, t in m["outputs"].items()},
             error=(str(error[0]), str(error[1])) if error else None,
             ts=dict(m["ts"]),
+            part=m.get("part"),
         )
 
 

@@ -32,7 +32,7 @@ from weir.stats import Stamp
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest, now_ns
 from workers.backends.base import ModelBackend
-from workers.batch_wait import BatchWait, never, running
+from workers.batch_wait import BatchWait, PartSink, never, running
 
 logger = logging.getLogger(__name__)
 
@@ -63,6 +63,7 @@ class BatchRunner:
         self.batches = config.max_batch_size > 0
         self.isolation_runs = isolation_runs
         self.is_canceled: Callable[[str], bool] = never  # the batch being run's
+        self.part_sink: PartSink | None = None  # where a streaming backend's parts go
 
     def run(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[int]]:
         """One reply per request, in order, and the batch size of each backend call made.
@@ -137,7 +138,7 @@ class BatchRunner:
         present = [spec.name for spec in self.config.input if spec.name in members[0].inputs]
         inputs = {name: self._gather(name, members) for name in present}
         computed = now_ns()
-        with running(members, self.is_canceled):
+        with running(members, self.is_canceled, self.part_sink, sizes if self.batches else ()):
             outputs = self.backend.infer(inputs)
         inferred = now_ns()
         replies = self._replies(members, outputs, sizes)

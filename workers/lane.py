@@ -41,6 +41,7 @@ from weir.settings import WorkerSettings
 from weir.streams import Entry, StreamGroup
 from workers.batch_wait import never, sort_requests
 from workers.execution import BatchRunner
+from workers.parts import PartWriter
 from workers.stall import StallGuard, exit_stuck
 from workers.write_back import Outcome, WriteBack, decode_requests, failure_reply, phase_totals
 
@@ -86,6 +87,9 @@ class WorkerLane:
         # On the worker's link (its transactions never block), not the lane's reading one.
         self.write_back = WriteBack(link, group, entry, version, router, settings, self.label)
         self.stall = stall  # the worker's watch over batches run in the event loop
+        self.parts = PartWriter(link, entry.config, settings.reply_maxlen, settings.redis_timeout_s)
+        for runner in runners:
+            runner.part_sink = self.parts.sink
 
     @property
     def label(self) -> str:
@@ -154,7 +158,7 @@ class WorkerLane:
 
     async def execute(self, runner: BatchRunner, executor: Executor) -> None:
         """One instance: run batches from the queue for as long as the lane lives."""
-        loop = asyncio.get_running_loop()
+        loop = self.parts.loop = asyncio.get_running_loop()
         while True:
             entry = await self.queue.get()
             try:
@@ -167,6 +171,7 @@ class WorkerLane:
                 logger.exception("batch %s of %s cannot be processed", entry.id, self.label)
                 await self.write_back.dead_letter(entry, f"cannot be processed: {exc}")
             else:
+                await self.parts.flush()  # a batch run in the loop sent its parts here
                 await self.write_back.write(entry.id, outcome)
             finally:
                 self.last_batch_s = time.monotonic()
@@ -220,6 +225,8 @@ class WorkerLane:
         if self.compute_ewma_ns is None or self.wall_ewma_ns is None:
             return False
         if self.response_timeout_s is not None:  # a thread, so the loop sees it run too long
+            return False
+        if self.parts.used:  # a thread, so each part goes out as it is sent
             return False
         if settings.inline_compute_us == 0 or self.wall_ewma_ns >= settings.inline_block_us * 1000:
             return False

@@ -23,6 +23,7 @@ from gateway.disconnect import Disconnect
 from gateway.state import GatewayState
 from gateway.torchserve.inference_routes import Answer, Prediction, prediction
 from gateway.torchserve.responses import ERROR_TYPES
+from gateway.torchserve.streaming import ChunkedAnswer, error_content
 from weir.errors import WeirError
 
 logger = logging.getLogger(__name__)
@@ -37,7 +38,7 @@ _JSON = "application/json"
 class PredictionExchange(InferExchange):
     """One TorchServe prediction and its answer, in place of uvicorn's request cycle."""
 
-    __slots__ = ("explain", "query", "raw_headers")
+    __slots__ = ("explain", "query", "raw_headers", "stream")
 
     def __init__(
         self,
@@ -53,27 +54,43 @@ class PredictionExchange(InferExchange):
         self.explain = explain
         self.query = query
         self.raw_headers = raw_headers
+        self.stream: ChunkedAnswer | None = None  # where the handler's parts go, if it streams
 
     def body_limit(self, state: GatewayState) -> int:
         return state.settings.ts_max_request_size_bytes
 
     async def run(self, state: GatewayState, disconnect: Disconnect) -> tuple[int, list[bytes]]:
-        """The handler's status, and the head's header lines and body it answered."""
+        """The handler's status, and the head's header lines and body it answered.
+
+        No lines when the answer was streamed (:mod:`gateway.torchserve.streaming`): the
+        stream has been written, and ended, on the connection.
+        """
+        stream = self.stream
         try:
             self.check_token(state)
             asked = Prediction(
                 self.model, self.version, self.explain, Headers(raw=self.raw_headers), self.query
             )
-            answer = await prediction(state, asked, self._read, disconnect.follow)
+            on_part = None if stream is None else stream.part
+            answer = await prediction(state, asked, self._read, disconnect.follow, on_part)
+            if stream is not None and stream.started:
+                stream.end(answer.content)
+                return stream.status, []
             if answer.status not in STATUS_LINE:
                 logger.error("the handler of %s answered status %d", self.model, answer.status)
                 return 500, _error(500, "the handler answered an invalid status", "")
             return answer.status, _head(answer)
         except WeirError as exc:
+            if stream is not None and stream.started:  # only the body can say it now
+                stream.end(error_content(exc))
+                return stream.status, []
             error_type = ERROR_TYPES[exc.kind]
             return exc.http_status, _error(exc.http_status, exc.message, error_type, exc.headers)
         except Exception:
             logger.exception("prediction failed")
+            if stream is not None and stream.started:
+                stream.abort()
+                return stream.status, []
             return 500, _error(500, "internal error in the gateway", "InternalServerException")
 
     async def _read(self) -> bytes:

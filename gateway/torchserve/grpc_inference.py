@@ -3,9 +3,10 @@
 TorchServe's clients call ``InferenceAPIsService`` on port 7070 with stubs generated from
 its ``inference.proto``. The messages are built here from descriptors written in Python
 (same package, names and field numbers, so the bytes on the wire are TorchServe's), with no
-generated code: ``Ping``, ``Predictions`` and ``StreamPredictions`` (one answer; Weir does
-not stream a handler's intermediate answers). ``StreamPredictions2`` (sequences) answers
-UNIMPLEMENTED.
+generated code: ``Ping``, ``Predictions`` (the handler's answer) and ``StreamPredictions``
+(each part a handler streams with ``send_intermediate_predict_response`` as it comes, then
+its answer, as TorchServe's frontend sends them). ``StreamPredictions2`` (sequences)
+answers UNIMPLEMENTED.
 
 A prediction is the HTTP one (:func:`gateway.torchserve.inference_routes.prediction`):
 each entry of ``input`` is a parameter of the request, as TorchServe's frontend makes it. It
@@ -26,6 +27,7 @@ from starlette.datastructures import Headers
 
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.health import ready_when, serves_all
+from gateway.parts import parts_then_answer
 from gateway.state import GatewayState
 from gateway.torchserve.grpc_messages import (
     Context,
@@ -36,7 +38,7 @@ from gateway.torchserve.grpc_messages import (
     file_proto,
     status_code,
 )
-from gateway.torchserve.inference_routes import Prediction, bodiless_prediction
+from gateway.torchserve.inference_routes import Answer, Prediction, bodiless_prediction
 from weir.errors import WeirError
 from weir.torchserve.envelope import Parameter
 
@@ -87,30 +89,50 @@ class TorchServeInference:
         return TorchServeHealthResponse(health=f'{{"status": "{status}", "code": {code}}}')
 
     async def predictions(self, request: Any, context: Context) -> Any:
-        if not request.model_name:
-            await context.abort(grpc.StatusCode.INTERNAL, "Parameter model_name is required.")
-        parameters = tuple(Parameter(k, "", bytes(v)) for k, v in request.input.items())
-        asked = Prediction(
-            request.model_name, request.model_version or None, False, Headers(), b"", parameters
-        )
+        """The handler's answer (what it streams before it is not sent)."""
+        asked = await self._asked(request, context)
         try:
-            token = required_token(self.state.settings, Scope.INFERENCE)
-            if token is not None:
-                check_authorization(authorization(context), token, Scope.INFERENCE)
             answer = await bodiless_prediction(self.state, asked)
         except WeirError as exc:
             await context.abort(status_code(exc.http_status), exc.message)
-        if answer.status != 200:
-            await context.abort(status_code(answer.status), answer.content.decode(errors="replace"))
-        return PredictionResponse(prediction=answer.content)
+        return await _response(answer, context)
 
     async def stream_predictions(self, request: Any, context: Context) -> AsyncIterator[Any]:
-        yield await self.predictions(request, context)
+        """Each part the handler streams as it comes, then its answer."""
+        asked = await self._asked(request, context)
+        run = functools.partial(bodiless_prediction, self.state, asked)
+        try:
+            async for item in parts_then_answer(run):
+                yield await _response(item.value, context)
+        except WeirError as exc:
+            await context.abort(status_code(exc.http_status), exc.message)
+
+    async def _asked(self, request: Any, context: Context) -> Prediction:
+        """The prediction ``request`` asks for, once its token (if one is set) is checked."""
+        if not request.model_name:
+            await context.abort(grpc.StatusCode.INTERNAL, "Parameter model_name is required.")
+        token = required_token(self.state.settings, Scope.INFERENCE)
+        if token is not None:
+            try:
+                check_authorization(authorization(context), token, Scope.INFERENCE)
+            except WeirError as exc:
+                await context.abort(status_code(exc.http_status), exc.message)
+        parameters = tuple(Parameter(k, "", bytes(v)) for k, v in request.input.items())
+        return Prediction(
+            request.model_name, request.model_version or None, False, Headers(), b"", parameters
+        )
 
     async def stream_predictions2(self, _: Any, context: Context) -> Any:
         await context.abort(
             grpc.StatusCode.UNIMPLEMENTED, "StreamPredictions2 (sequences) is not served by Weir"
         )
+
+
+async def _response(answer: Answer, context: Context) -> Any:
+    """One message of the answer; a status other than 200 ends the call with it."""
+    if answer.status != 200:
+        await context.abort(status_code(answer.status), answer.content.decode(errors="replace"))
+    return PredictionResponse(prediction=answer.content)
 
 
 def handlers(state: GatewayState) -> grpc.GenericRpcHandler:

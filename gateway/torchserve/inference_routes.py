@@ -22,9 +22,11 @@ from gateway.codec import InferBody, RequestedOutput
 from gateway.disconnect import follow
 from gateway.health import ready_when, serves_all
 from gateway.inference import execute, read_body
+from gateway.parts import PartListener
 from gateway.state import GatewayState, gateway_state
 from gateway.torchserve.requests import ts_request
 from gateway.torchserve.responses import error_response, status_response, weir_error_response
+from gateway.torchserve.streaming import asgi_answer
 from weir import datatypes
 from weir.config import Backend
 from weir.errors import BodyTooLarge, NotFound, Unavailable, WeirError
@@ -92,13 +94,15 @@ async def predict(request: Request, model: str, version: str | None, explain: bo
     """One TorchServe prediction; WeirError for any failure."""
     state = gateway_state(request)
     limit = state.settings.ts_max_request_size_bytes
-    answer = await prediction(
-        state,
-        Prediction(model, version, explain, request.headers, request.scope["query_string"]),
-        functools.partial(read_body, request, limit),
-        functools.partial(follow, request.scope),
+    return await asgi_answer(
+        functools.partial(
+            prediction,
+            state,
+            Prediction(model, version, explain, request.headers, request.scope["query_string"]),
+            functools.partial(read_body, request, limit),
+            functools.partial(follow, request.scope),
+        )
     )
-    return Response(answer.content, status_code=answer.status, headers=answer.headers)
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,11 +132,13 @@ async def prediction(
     asked: Prediction,
     read: Callable[[], Awaitable[bytes]],
     followed: Callable[[Awaitable[InferReply]], Awaitable[InferReply]],
+    on_part: Callable[[Answer], None] | None = None,
 ) -> Answer:
     """One TorchServe prediction, however it arrived; WeirError for any failure.
 
     ``read`` gives the body (refusing one past ``max_request_size``); ``followed`` awaits
-    the reply, cancelled when the client leaves.
+    the reply, cancelled when the client leaves. ``on_part`` takes each part the handler
+    streams before its answer (gateway.torchserve.streaming); without it, only the answer.
     """
     entry, weir_version, registered = resolve(state, asked.model, asked.version)
     if registered:
@@ -143,7 +149,8 @@ async def prediction(
         else:
             request = TsRequest(list(asked.parameters), dict(asked.headers.items()))
         body = InferBody({envelope.TS_REQUEST: _element(entry, request)}, _wanted())
-        reply = await followed(execute(state, entry, weir_version, body))
+        parts = None if on_part is None else _parts(state, on_part)
+        reply = await followed(execute(state, entry, weir_version, body, parts))
         answer = _answer(state, reply)
     except WeirError as exc:
         state.metrics.failed(entry.name, weir_version, exc.kind)
@@ -152,9 +159,11 @@ async def prediction(
     return answer
 
 
-async def bodiless_prediction(state: GatewayState, asked: Prediction) -> Answer:
+async def bodiless_prediction(
+    state: GatewayState, asked: Prediction, on_part: Callable[[Answer], None] | None = None
+) -> Answer:
     """A prediction with no HTTP body nor client connection behind it (gRPC, describe)."""
-    return await prediction(state, asked, _no_body, _awaited)
+    return await prediction(state, asked, _no_body, _awaited, on_part)
 
 
 async def _no_body() -> bytes:
@@ -211,6 +220,13 @@ def _element(entry: ModelEntry, request: envelope.TsRequest) -> Tensor:
     return Tensor(
         datatypes.BYTES, shape, datatypes.serialize_bytes([envelope.pack_request(request)])
     )
+
+
+def _parts(state: GatewayState, on_part: Callable[[Answer], None]) -> PartListener:
+    def take(reply: InferReply) -> None:
+        on_part(_answer(state, reply))  # each part within max_response_size
+
+    return take
 
 
 def _answer(state: GatewayState, reply: InferReply) -> Answer:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import re
 import signal
 import socket
@@ -14,7 +13,7 @@ import httpx
 import psutil
 
 from tests.conftest import ROOT, wait_until
-from tests.weir_up import port_open, weir_up
+from tests.weir_up import port_open, services, weir_up
 from weir.redis_server import free_port
 from weir.up_plan import PLAN_ENV
 
@@ -64,17 +63,6 @@ def test_weir_up_starts_a_service_that_dies_again(tiny_repository: Path) -> None
         )
         wait_until(lambda: infers(port), 90, "the mesh to serve again")
         assert up.process.poll() is None  # weir up itself kept running
-
-
-def services(pid: int, command: str) -> list[psutil.Process]:
-    """The children of weir up that run ``weir <command>``."""
-    found = []
-    for child in psutil.Process(pid).children():
-        with contextlib.suppress(psutil.NoSuchProcess):
-            alive = child.is_running() and child.status() != psutil.STATUS_ZOMBIE
-            if alive and command in child.cmdline()[3:4]:
-                found.append(child)
-    return found
 
 
 def infers(port: int) -> bool:

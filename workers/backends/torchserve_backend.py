@@ -41,7 +41,9 @@ request and must return a list of as many answers. Errors keep TorchServe's mean
 ``PredictionException`` answers with its message and the error kind of its code (400, 404,
 413, 503, 504; any other code 500), ``MemoryError`` is "Out of resources" (500, TorchServe's
 507), anything else "Prediction failed" (503), named here with the model and the exception;
-the traceback goes to the log.
+the traceback goes to the log. What ``handle`` streams before it returns
+(``send_intermediate_predict_response``) reaches each request at once
+(:mod:`workers.backends.torchserve_stream`).
 """
 
 from __future__ import annotations
@@ -79,6 +81,7 @@ from workers.backends.torchserve_context import (
     serialize,
 )
 from workers.backends.torchserve_loader import HandlerLoader
+from workers.backends.torchserve_stream import PartSocket
 
 logger = logging.getLogger(__name__)
 
@@ -90,6 +93,7 @@ ERRORS_BY_CODE: dict[int, type[WeirError]] = {
     504: DeadlineExceeded,
 }
 PREDICTION_METRIC = "PredictionTime"
+STREAM_NEXT = "ts_stream_next"  # "true" on a streamed part, "false" on the answer after them
 
 
 class TorchServeBackend(ModelBackend):
@@ -120,6 +124,7 @@ class TorchServeBackend(ModelBackend):
             weir.__version__,
             archive.read_model_config(self.model_dir),
         )
+        self.context.cl_socket = PartSocket(config.name, self.context, self.batches)
         loader = HandlerLoader(
             config.name, self.path, self.model_dir, self.manifest, options.install_requirements
         )
@@ -175,6 +180,8 @@ class TorchServeBackend(ModelBackend):
         bodies: list[bytes] = []
         headers: list[bytes] = []
         for value, state in zip(results, states, strict=True):
+            if state.get_response_header(STREAM_NEXT) == "true":  # it streamed: this ends it
+                state.add_response_property(STREAM_NEXT, "false")
             body, as_json = self._serialize(value)
             bodies.append(body)
             headers.append(envelope.pack_headers(response_headers(state, as_json)))

@@ -11,7 +11,8 @@ package. Where Weir differs:
   lower-cased, as HTTP/2 does, and a handler asking for ``Content-Type`` still finds it.
 - ``context.metrics`` is :class:`~workers.backends.torchserve_metrics.HandlerMetrics`:
   what a handler records reaches the metrics port (:mod:`weir.handler_metrics`).
-- Streaming (``send_intermediate_predict_response``) is not served: ``cl_socket`` is None.
+- ``cl_socket`` is where ``send_intermediate_predict_response`` writes what a handler
+  streams: the backend puts a :class:`~workers.backends.torchserve_stream.PartSocket` there.
 - The sequence headers keep TorchServe's default names.
 
 :func:`handler_inputs` turns a batch's ``body`` or ``ts_request`` elements into the dicts
