@@ -26,10 +26,20 @@ import grpc
 from google.protobuf import json_format
 from tritonclient.grpc import model_config_pb2, service_pb2, service_pb2_grpc
 
-from gateway import grpc_codec, grpc_wire, health, metadata, model_control, shared_memory
+from gateway import (
+    grpc_codec,
+    grpc_parts,
+    grpc_wire,
+    health,
+    metadata,
+    model_control,
+    shared_memory,
+)
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.codec import InferBody
+from gateway.grpc_stream import INTERNAL_MESSAGE, StreamAnswers
 from gateway.inference import execute
+from gateway.parts import refuse_decoupled
 from gateway.shared_memory import RegionExists
 from gateway.shared_memory_routes import CUDA_UNAVAILABLE
 from gateway.state import GatewayState
@@ -48,14 +58,12 @@ GRPC_STATUS: dict[ErrorKind, grpc.StatusCode] = {
     ErrorKind.UNAVAILABLE: grpc.StatusCode.UNAVAILABLE,
     ErrorKind.TIMEOUT: grpc.StatusCode.DEADLINE_EXCEEDED,
     ErrorKind.CANCELED: grpc.StatusCode.CANCELLED,
+    ErrorKind.UNSUPPORTED: grpc.StatusCode.UNIMPLEMENTED,
     ErrorKind.INTERNAL: grpc.StatusCode.INTERNAL,
 }
-INTERNAL_MESSAGE = "internal error in the gateway"
 # How long past a client's gRPC deadline the mesh keeps its request: enough that the client's
 # own DEADLINE_EXCEEDED always comes first, even across hosts whose clocks differ a little.
 CLIENT_DEADLINE_GRACE_S = 1.0
-# Requests of one stream being answered at once; past it the stream is read no further.
-STREAM_IN_FLIGHT = 256
 
 Handler = Callable[[Any, Any, Any], Awaitable[Any]]
 
@@ -192,7 +200,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     @_answers_errors
     async def ModelStreamInfer(self, request_iterator: Any, context: Any) -> None:
         self._authorize(context, Scope.INFERENCE)
-        stream = _StreamAnswers(self, context)
+        stream = StreamAnswers(self, context)
         try:
             async for request in request_iterator:
                 await stream.submit(request)
@@ -220,18 +228,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         entry = self.state.repository.models.get(name)
         return None if entry is None else entry.config
 
-    async def infer(self, request: Any, remaining_s: float | None) -> Any:
-        """One ``ModelInferRequest``, answered as HTTP answers it; WeirError on failure."""
+    async def infer(
+        self, request: Any, remaining_s: float | None, send: Callable[[Any], None] | None = None
+    ) -> Any:
+        """One ``ModelInferRequest``, answered as HTTP answers it; WeirError on failure.
+
+        ``send`` takes each response of a decoupled model before the last (gateway.grpc_parts);
+        without it, a decoupled model is refused.
+        """
         state = self.state
         started_s = time.monotonic()
         entry, version = state.repository.resolve(request.model_name, request.model_version)
+        if send is None:
+            refuse_decoupled(entry, grpc_parts.UNARY)
         precheck = functools.partial(precheck_input, entry.config)
         try:
             body = await grpc_codec.parse_off_loop(
                 state.settings, request, precheck, state.shared_memory
             )
             _client_deadline(body, remaining_s)
-            reply = await execute(state, entry, version, body)
+            parts = None
+            if send is not None and entry.config.decoupled:
+                parts = grpc_parts.part_listener(entry, version, request.id, body, send)
+            reply = await execute(state, entry, version, body, parts)
             shared = shared_memory.write_outputs(body.shared_outputs, reply.outputs)
         except WeirError as exc:
             state.metrics.failed(entry.name, version, exc.kind)
@@ -243,7 +262,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             raise
         state.metrics.answered(entry.name, version, reply)
         outputs = grpc_codec.select_outputs(body, reply.outputs)
-        return grpc_codec.render_infer_response(entry.name, version, request.id, outputs, shared)
+        response = grpc_codec.render_infer_response(
+            entry.name, version, request.id, outputs, shared
+        )
+        if parts is not None:
+            grpc_parts.mark(body, response, last=True)
+        return response
 
     @_answers_errors
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:
@@ -319,59 +343,3 @@ def _client_deadline(body: InferBody, remaining_s: float | None) -> None:
     valid = isinstance(given, int) and not isinstance(given, bool) and given > 0
     if given is None or (valid and given > limit_us):
         body.parameters["timeout"] = limit_us
-
-
-class _StreamAnswers:
-    """A stream's requests, run at once and each answered as soon as it is done.
-
-    Answers may leave out of order; each carries its request's id. A request that fails
-    is answered with its message in ``error_message``, and the stream goes on.
-    """
-
-    def __init__(self, servicer: InferenceServicer, context: Any) -> None:
-        self.servicer = servicer
-        self.context = context
-        self.tasks: set[asyncio.Task[None]] = set()
-        self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
-        self.writing = asyncio.Lock()
-
-    async def submit(self, request: Any) -> None:
-        await self.slots.acquire()
-        task = asyncio.create_task(self._answer(request))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
-
-    async def finish(self) -> None:
-        """Wait until every request read so far is answered."""
-        while self.tasks:
-            await asyncio.gather(*self.tasks)
-
-    def cancel(self) -> None:
-        for task in self.tasks:
-            task.cancel()
-
-    async def _answer(self, request: Any) -> None:
-        try:
-            response = await self._response(request)
-            async with self.writing:
-                await self.context.write(response)
-        finally:
-            self.slots.release()
-
-    async def _response(self, wire: bytes) -> Any:
-        try:
-            request = await self.servicer.decode(wire)
-            answer = await self.servicer.infer(request, self.context.time_remaining())
-            return service_pb2.ModelStreamInferResponse(infer_response=answer)
-        except WeirError as exc:
-            message = exc.message
-        except Exception:
-            logger.exception("gRPC stream inference failed")
-            message = INTERNAL_MESSAGE
-        name, version, request_id = grpc_wire.head(wire)  # the message may not be decoded
-        return service_pb2.ModelStreamInferResponse(
-            error_message=message,
-            infer_response=service_pb2.ModelInferResponse(
-                model_name=name, model_version=version, id=request_id
-            ),
-        )

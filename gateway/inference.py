@@ -26,7 +26,7 @@ from gateway import (
 from gateway.codec import InferBody
 from gateway.compression import BoundedDecoder, Coding
 from gateway.disconnect import SCOPE_KEY, Disconnect
-from gateway.parts import PartListener
+from gateway.parts import HTTP_DECOUPLED, PartListener, refuse_decoupled
 from gateway.raw_binary import parse_raw_body
 from gateway.state import GatewayState
 from gateway.validation import check_request, precheck_input
@@ -77,6 +77,7 @@ async def infer_body(
     metrics; WeirError for any failure.
     """
     try:
+        refuse_decoupled(entry, HTTP_DECOUPLED)
         body = await _parse_body(state, entry, raw, _header_length(header_length))
         running = execute(state, entry, version, body)
         reply = await (running if disconnect is None else disconnect.follow(running))

@@ -18,10 +18,19 @@ import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Generic, TypeVar
 
+from weir.errors import Unsupported
+from weir.repository import ModelEntry
 from weir.wire import InferReply
 
 PartListener = Callable[[InferReply], None]
 T = TypeVar("T")
+HTTP_DECOUPLED = "HTTP end point doesn't support models with decoupled transaction policy"
+
+
+def refuse_decoupled(entry: ModelEntry, message: str) -> None:
+    """Triton's UNSUPPORTED for a decoupled model on an endpoint of one response a request."""
+    if entry.config.decoupled:
+        raise Unsupported(message)
 
 
 class PartFilter:

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from weir import config_parameters as params
 from weir import datatypes
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
+from weir.config_optimization import Optimization
 from weir.config_warmup import ModelWarmup, check_warmup_fields
 from weir.errors import ConfigError
 
@@ -29,7 +30,6 @@ logger = logging.getLogger(__name__)
 IGNORED_TRITON_FIELDS = frozenset(
     {
         "response_cache",
-        "model_transaction_policy",
         "model_operations",
         "model_metrics",
         "metric_tags",
@@ -215,41 +215,10 @@ class VersionPolicy(_Strict):
         return ordered[-keep:]
 
 
-class Accelerator(_Strict):
-    """One ``execution_accelerators`` entry: a name (``tensorrt``, ``openvino``...)."""
+class TransactionPolicy(_Strict):
+    """``model_transaction_policy``: a decoupled model sends parts of its answers as it runs."""
 
-    name: str = Field(min_length=1)
-    parameters: dict[str, str] = Field(default_factory=dict)
-
-
-class ExecutionAccelerators(_Strict):
-    """Triton's ``optimization.execution_accelerators``, kept for the backends that use it."""
-
-    gpu_execution_accelerator: tuple[Accelerator, ...] = ()
-    cpu_execution_accelerator: tuple[Accelerator, ...] = ()
-
-
-class GraphOptimization(_Strict):
-    """``optimization.graph.level``; ONNX Runtime reads -1 basic, 1 extended, 2 none."""
-
-    level: int = 0
-
-
-class Optimization(_Strict):
-    """Triton's ``optimization`` block.
-
-    ``graph`` and ``execution_accelerators`` are acted on by the backends that have them; the
-    rest is accepted and kept as given.
-    """
-
-    graph: GraphOptimization | None = None
-    execution_accelerators: ExecutionAccelerators | None = None
-    priority: str | None = None
-    cuda: dict[str, Any] | None = None
-    input_pinned_memory: dict[str, Any] | None = None
-    output_pinned_memory: dict[str, Any] | None = None
-    gather_kernel_buffer_threshold: int | None = None
-    eager_batching: bool | None = None
+    decoupled: bool = False
 
 
 class ModelConfig(_Strict):
@@ -266,6 +235,7 @@ class ModelConfig(_Strict):
     parameters: dict[str, str] = Field(default_factory=dict)
     ensemble_scheduling: EnsembleScheduling | None = None
     optimization: Optimization | None = None
+    model_transaction_policy: TransactionPolicy | None = None
     # The model file in each version directory; empty: the backend's (model.onnx...).
     default_model_filename: str = ""
     # Samples each instance runs before it serves (workers.warmup).
@@ -288,6 +258,11 @@ class ModelConfig(_Strict):
     @classmethod
     def _plain_filename(cls, value: str) -> str:
         return plain_filename(value, "the version directory")
+
+    @property
+    def decoupled(self) -> bool:
+        policy = self.model_transaction_policy
+        return policy is not None and policy.decoupled
 
     @property
     def max_input_bytes(self) -> int | None:

@@ -20,6 +20,7 @@ class ErrorKind(StrEnum):
     UNAVAILABLE = "unavailable"
     TIMEOUT = "timeout"
     CANCELED = "canceled"
+    UNSUPPORTED = "unsupported"
     INTERNAL = "internal"
 
 
@@ -31,6 +32,7 @@ HTTP_STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNAVAILABLE: 503,
     ErrorKind.TIMEOUT: 504,
     ErrorKind.CANCELED: 499,  # nginx's "client closed request": nobody reads it
+    ErrorKind.UNSUPPORTED: 501,
     ErrorKind.INTERNAL: 500,
 }
 
@@ -122,6 +124,12 @@ class Canceled(WeirError):
     kind = ErrorKind.CANCELED
 
 
+class Unsupported(WeirError):
+    """What an endpoint cannot do for a model (Triton's UNSUPPORTED): 501, UNIMPLEMENTED."""
+
+    kind = ErrorKind.UNSUPPORTED
+
+
 class ServerError(WeirError):
     """A failure inside Weir or the model (500)."""
 
@@ -142,6 +150,7 @@ _BY_KIND: dict[ErrorKind, type[WeirError]] = {
         Unavailable,
         DeadlineExceeded,
         Canceled,
+        Unsupported,
         ServerError,
     )
 }

@@ -1,8 +1,9 @@
 """Parts of a streamed answer, written to the requester's gateway while their batch runs.
 
-A backend that streams (a TorchServe handler calling ``send_intermediate_predict_response``)
-hands each part to :func:`workers.batch_wait.send_part`, which gives it to the lane's
-:class:`PartWriter`. The part goes out as a reply with a number (``part``, from 0 in each run
+A backend that streams (a TorchServe handler calling ``send_intermediate_predict_response``,
+a decoupled Python model calling ``context.send_part``) hands each part to
+:func:`workers.batch_wait.send_part`, which gives it to the lane's :class:`PartWriter`.
+The part goes out as a reply with a number (``part``, from 0 in each run
 of the batch) on the request's reply stream, before the answer that ends it. A batch run in
 an executor thread waits until its part is written, so parts keep their order and a handler
 that streams faster than Redis takes them is held back. A batch run in the event loop

@@ -21,6 +21,7 @@ ERROR_TYPES: dict[ErrorKind, str] = {
     ErrorKind.UNAVAILABLE: "ServiceUnavailableException",
     ErrorKind.TIMEOUT: "RequestTimeoutException",
     ErrorKind.CANCELED: "RequestCanceledException",
+    ErrorKind.UNSUPPORTED: "MethodNotAllowedException",
     ErrorKind.INTERNAL: "InternalServerException",
 }
 TYPES_BY_STATUS = {

@@ -34,7 +34,8 @@ from collections.abc import Callable, Mapping
 
 import onnxruntime as ort
 
-from weir.config import Accelerator, ModelConfig
+from weir.config import ModelConfig
+from weir.config_optimization import Accelerator
 from weir.errors import ConfigError
 
 logger = logging.getLogger(__name__)

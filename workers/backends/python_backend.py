@@ -29,6 +29,11 @@ The handler contract:
   (each request past its deadline or its client gone) and ``context.time_left_s()`` how
   long the last of them will: a handler that loops over a long input checks between steps
   and raises :class:`~weir.errors.DeadlineExceeded` to stop.
+- A decoupled model (``model_transaction_policy { decoupled: true }``) may send a request
+  responses before its last while the batch runs: ``context.send_part(row, outputs)``
+  sends the request holding batch row ``row`` its rows of ``outputs`` at once (Triton's
+  response sender; :mod:`workers.parts`). What ``postprocess`` returns is each request's
+  last response.
 - A :class:`~weir.errors.WeirError` raised by the handler keeps its meaning (raise
   ``InvalidInput`` for a bad input: the client gets a 400); any other exception becomes a
   :class:`~weir.errors.ServerError` naming the model and the stage that failed. The worker
@@ -107,6 +112,28 @@ class HandlerContext:
         """Seconds until the last deadline of the batch being run (inf outside a batch)."""
         return batch_wait.time_left_s()
 
+    def send_part(self, row: int, outputs: Mapping[str, Any]) -> None:
+        """Send the request holding batch row ``row`` a response now, while the batch runs.
+
+        For a decoupled model (``model_transaction_policy { decoupled: true }``), as Triton's
+        response sender: ``outputs`` maps output names to that request's rows of each (any
+        of the config's outputs). What ``postprocess`` returns is each request's last
+        response. The request's client gets each as it is sent (gRPC ``ModelStreamInfer``).
+        """
+        if not self.config.decoupled:
+            raise ServerError(
+                f"model '{self.model_name}' sent a part but is not decoupled: set "
+                "model_transaction_policy { decoupled: true } in its config"
+            )
+        arrays = {}
+        for name, value in outputs.items():
+            spec = self.config.output_spec(name)
+            if spec is None:
+                raise ServerError(f"model '{self.model_name}' has no output {name}")
+            arrays[name] = output_array(self.model_name, name, spec.datatype, value)
+        if not batch_wait.send_part(row, arrays):
+            raise ServerError(f"model '{self.model_name}' sent a part outside a batch")
+
 
 class PythonBackend(ModelBackend):
     """One instance of a Python handler, on the CPU or CUDA device ``device``."""
@@ -159,23 +186,24 @@ class PythonBackend(ModelBackend):
         if missing:
             raise ServerError(f"model '{self.config.name}' returned no output {', '.join(missing)}")
         return {
-            spec.name: self._array(spec.name, spec.datatype, data[spec.name])
+            spec.name: output_array(self.config.name, spec.name, spec.datatype, data[spec.name])
             for spec in self.config.output
         }
 
-    def _array(self, name: str, datatype: str, value: Any) -> np.ndarray:
-        array = np.asarray(value)
-        if datatype == datatypes.BYTES:
-            return array if array.dtype == object else array.astype(object)
-        dtype = datatypes.NUMPY_DTYPES.get(datatype)
-        if dtype is None or array.dtype == dtype:
-            return array
-        if not np.can_cast(array.dtype, dtype, casting="same_kind"):
-            raise ServerError(
-                f"model '{self.config.name}' returned {name} as {array.dtype}, "
-                f"config says {datatype}"
-            )
-        return array.astype(dtype)
+
+def output_array(model: str, name: str, datatype: str, value: Any) -> np.ndarray:
+    """A handler's output as an array of the config's datatype, cast when that is safe."""
+    array = np.asarray(value)
+    if datatype == datatypes.BYTES:
+        return array if array.dtype == object else array.astype(object)
+    dtype = datatypes.NUMPY_DTYPES.get(datatype)
+    if dtype is None or array.dtype == dtype:
+        return array
+    if not np.can_cast(array.dtype, dtype, casting="same_kind"):
+        raise ServerError(
+            f"model '{model}' returned {name} as {array.dtype}, config says {datatype}"
+        )
+    return array.astype(dtype)
 
 
 def _load_module(model_name: str, version_dir: Path, path: Path) -> ModuleType:

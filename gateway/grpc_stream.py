@@ -1,0 +1,91 @@
+"""``ModelStreamInfer``: a stream's requests, each answered as soon as it is done.
+
+Up to :data:`STREAM_IN_FLIGHT` requests of one stream run at once; past that the stream is
+read no further until one is answered. A decoupled model's responses before its last are
+written as they come, each before the request's last (gateway.grpc_parts).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import TYPE_CHECKING, Any
+
+from tritonclient.grpc import service_pb2
+
+from gateway import grpc_wire
+from weir.errors import WeirError
+
+if TYPE_CHECKING:
+    from gateway.grpc_service import InferenceServicer
+
+logger = logging.getLogger(__name__)
+
+INTERNAL_MESSAGE = "internal error in the gateway"
+# Requests of one stream being answered at once; past it the stream is read no further.
+STREAM_IN_FLIGHT = 256
+
+
+class StreamAnswers:
+    """A stream's requests, run at once and each answered as soon as it is done.
+
+    Answers may leave out of order; each carries its request's id. A request that fails
+    is answered with its message in ``error_message``, and the stream goes on.
+    """
+
+    def __init__(self, servicer: InferenceServicer, context: Any) -> None:
+        self.servicer = servicer
+        self.context = context
+        self.tasks: set[asyncio.Task[None]] = set()
+        self.slots = asyncio.Semaphore(STREAM_IN_FLIGHT)
+        self.writing = asyncio.Lock()
+
+    async def submit(self, request: Any) -> None:
+        await self.slots.acquire()
+        task = asyncio.create_task(self._answer(request))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def finish(self) -> None:
+        """Wait until every request read so far is answered."""
+        while self.tasks:
+            await asyncio.gather(*self.tasks)
+
+    def cancel(self) -> None:
+        for task in self.tasks:
+            task.cancel()
+
+    async def _answer(self, request: Any) -> None:
+        try:
+            parts: list[asyncio.Task[None]] = []  # a decoupled model's responses before it
+            response = await self._response(request, parts)
+            await asyncio.gather(*parts)
+            await self._write(response)
+        finally:
+            self.slots.release()
+
+    async def _write(self, response: Any) -> None:
+        async with self.writing:  # in the order the writes were asked for
+            await self.context.write(response)
+
+    async def _response(self, wire: bytes, parts: list[asyncio.Task[None]]) -> Any:
+        def send(part: Any) -> None:
+            response = service_pb2.ModelStreamInferResponse(infer_response=part)
+            parts.append(asyncio.ensure_future(self._write(response)))
+
+        try:
+            request = await self.servicer.decode(wire)
+            answer = await self.servicer.infer(request, self.context.time_remaining(), send)
+            return service_pb2.ModelStreamInferResponse(infer_response=answer)
+        except WeirError as exc:
+            message = exc.message
+        except Exception:
+            logger.exception("gRPC stream inference failed")
+            message = INTERNAL_MESSAGE
+        name, version, request_id = grpc_wire.head(wire)  # the message may not be decoded
+        return service_pb2.ModelStreamInferResponse(
+            error_message=message,
+            infer_response=service_pb2.ModelInferResponse(
+                model_name=name, model_version=version, id=request_id
+            ),
+        )
