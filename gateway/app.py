@@ -21,6 +21,7 @@ from gateway.control import ControlLoop
 from gateway.docs_routes import router as docs_router
 from gateway.errors import error_response
 from gateway.exporter import MeshCollector, MetricsServer
+from gateway.generate import router as generate_router
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.metrics_server import ScrapeLimits
@@ -144,6 +145,7 @@ def create_app(
     app.state.weir_management_token = settings.management_token is not None
     app.include_router(docs_router)
     app.include_router(router)
+    app.include_router(generate_router)
     app.include_router(shared_memory_router)
     app.include_router(repository_router)
     app.include_router(torchserve_inference_router)

@@ -9,6 +9,7 @@ model as Triton does. The same handler in a model that is not decoupled fails it
 
 from __future__ import annotations
 
+import json
 import queue
 import textwrap
 from pathlib import Path
@@ -19,8 +20,11 @@ import pytest
 import tritonclient.grpc as grpcclient
 from tritonclient.utils import InferenceServerException
 
+from gateway.generate import generate_body
 from tests.conftest import free_port
 from tests.weir_up import weir_up
+from weir.config import ModelConfig
+from weir.errors import InvalidInput
 
 CONFIG = """
     backend: python
@@ -47,10 +51,34 @@ COUNTER = """
 """
 
 
-def write_model(root: Path, name: str, config: str) -> None:
+SHOUT_CONFIG = """
+    backend: python
+    max_batch_size: 4
+    input: [{name: text_input, data_type: TYPE_STRING, dims: [1]}]
+    output: [{name: text_output, data_type: TYPE_STRING, dims: [1]}]
+    model_transaction_policy: {decoupled: true}
+"""
+SHOUT = """
+    import numpy as np
+
+
+    class Shout:
+        def initialize(self, context):
+            self.context = context
+
+        def inference(self, batch):
+            texts = [t.decode() for t in batch["text_input"][:, 0]]
+            for row, text in enumerate(texts):
+                for word in text.split():
+                    self.context.send_part(row, {"text_output": [[word.upper().encode()]]})
+            return {"text_output": np.array([[b"!"]] * len(texts), dtype=object)}
+"""
+
+
+def write_model(root: Path, name: str, config: str, handler: str = COUNTER) -> None:
     (root / name / "1").mkdir(parents=True)
     (root / name / "config.yaml").write_text(textwrap.dedent(config))
-    (root / name / "1" / "model.py").write_text(textwrap.dedent(COUNTER))
+    (root / name / "1" / "model.py").write_text(textwrap.dedent(handler))
 
 
 @pytest.fixture
@@ -58,6 +86,7 @@ def served(tmp_path: Path):  # type: ignore[no-untyped-def]
     repository = tmp_path / "models"
     write_model(repository, "counter", CONFIG + "    " + DECOUPLED)
     write_model(repository, "chatty", CONFIG)
+    write_model(repository, "shout", SHOUT_CONFIG, SHOUT)
     http_port, grpc_port = free_port(), free_port()
     args = ["--repository", str(repository), "--http-port", str(http_port)]
     args += ["--grpc-port", str(grpc_port), "--metrics-port", "0", "--redis-port", str(free_port())]
@@ -114,3 +143,66 @@ def test_each_response_of_a_decoupled_model_is_streamed(served: tuple[int, int])
     body["inputs"][0]["data"] = [0]  # no part sent: answered as ever
     quiet = httpx.post(f"http://127.0.0.1:{http_port}/v2/models/chatty/infer", json=body)
     assert quiet.json()["outputs"][0]["data"] == [0]
+
+
+def events(response: httpx.Response) -> list[object]:
+    assert response.headers["content-type"] == "text/event-stream; charset=utf-8"
+    chunks = response.text.split("\n\n")
+    assert chunks[-1] == "" and all(c.startswith("data: ") for c in chunks[:-1])
+    return [json.loads(c.removeprefix("data: ")) for c in chunks[:-1]]
+
+
+def test_the_generate_extension_answers_and_streams(served: tuple[int, int]) -> None:
+    http_port, _ = served
+    with httpx.Client(base_url=f"http://127.0.0.1:{http_port}/v2/models", timeout=30) as client:
+        streamed = client.post("/shout/generate_stream", json={"text_input": "hello weir"})
+        assert streamed.status_code == 200
+        assert events(streamed) == [
+            {"model_name": "shout", "model_version": "1", "text_output": "HELLO"},
+            {"model_name": "shout", "model_version": "1", "text_output": "WEIR"},
+            {"model_name": "shout", "model_version": "1", "text_output": "!"},
+        ]
+        # /generate answers with the last response; an input may come under "parameters",
+        # and a key that is no input is a parameter.
+        whole = client.post(
+            "/counter/versions/1/generate",
+            json={"parameters": {"COUNT": 2, "temperature": 0.5}, "stream": False},
+        )
+        assert whole.json() == {"model_name": "counter", "model_version": "1", "OUT": 200}
+        # A model that is not decoupled streams its one answer.
+        assert events(client.post("/chatty/generate_stream", json={"COUNT": [0]})) == [
+            {"model_name": "chatty", "model_version": "1", "OUT": 0}
+        ]
+        # Failures before the first response are plain JSON errors with their status.
+        failed = client.post("/chatty/generate_stream", json={"COUNT": 1})
+        assert failed.status_code == 500 and "not decoupled" in failed.json()["error"]
+        bad = client.post("/counter/generate", json={"COUNT": 1, "extra": [1, 2]})
+        assert bad.status_code == 400
+        assert "'extra' is no input of model 'counter'" in bad.json()["error"]
+        # Two elements of a [-1, 1] input: a batch of two, as Triton shapes it.
+        batch = client.post("/counter/generate", json={"COUNT": [1, 2]})
+        assert batch.json()["OUT"] == [100, 200]
+        assert client.post("/nothing/generate", json={}).status_code == 404
+
+
+def test_generate_shapes_values_as_triton_does() -> None:
+    config = ModelConfig.model_validate(
+        {
+            "name": "pairs",
+            "backend": "python",
+            "max_batch_size": 4,
+            "input": [
+                {"name": "PAIR", "data_type": "TYPE_FP32", "dims": [2]},
+                {"name": "WORDS", "data_type": "TYPE_STRING", "dims": [-1]},
+            ],
+            "output": [{"name": "Y", "data_type": "TYPE_FP32", "dims": [1]}],
+        }
+    )
+    body = generate_body(config, b'{"PAIR": [1, 2, 3, 4], "WORDS": ["a", "b", "c"], "k": 1}')
+    assert body.inputs["PAIR"].shape == (2, 2)  # the fixed dimension first, then the batch
+    assert body.inputs["WORDS"].shape == (1, 3)  # the innermost variable one takes the rest
+    assert body.parameters == {"k": 1}
+    with pytest.raises(InvalidInput, match="can not convert input 'PAIR'"):
+        generate_body(config, b'{"PAIR": [1, 2, 3]}')
+    with pytest.raises(InvalidInput, match="not JSON"):
+        generate_body(config, b"{")
