@@ -58,7 +58,11 @@ class PartWriter:
         if _running_loop() is self.loop:
             self._pending.extend(commands)
             return
-        future = asyncio.run_coroutine_threadsafe(self._write(commands), self.loop)
+        try:
+            future = asyncio.run_coroutine_threadsafe(self._write(commands), self.loop)
+        except RuntimeError as exc:  # the loop is closed: the worker is stopping
+            logger.warning("part %d of request %s was not written: %s", number, request.id, exc)
+            return
         try:
             future.result(self.timeout_s)
         except (RedisError, TimeoutError) as exc:
