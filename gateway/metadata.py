@@ -7,8 +7,9 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from weir import __version__, datatypes, names
-from weir.config import Backend, ModelConfig, TensorSpec
+from weir import __version__, names
+from weir.config import ModelConfig, TensorSpec
+from weir.config_json import PLATFORMS, config_json
 from weir.repository import ModelEntry
 from weir.stats import (
     COMPUTE_PHASES,
@@ -32,17 +33,6 @@ EXTENSIONS = [
 ]
 
 
-PLATFORMS: dict[Backend, str] = {
-    Backend.PYTORCH: "pytorch_libtorch",
-    Backend.ONNXRUNTIME: "onnxruntime_onnx",
-    Backend.OPENVINO: "openvino",
-    Backend.TENSORRT: "tensorrt_plan",
-    Backend.PYTHON: "python",
-    Backend.TORCHSERVE: "torchserve",
-    Backend.ENSEMBLE: "ensemble",
-}
-
-
 def server_metadata() -> dict[str, Any]:
     return {"name": "weir", "version": __version__, "extensions": EXTENSIONS}
 
@@ -64,22 +54,7 @@ def _tensor_metadata(config: ModelConfig, spec: TensorSpec) -> dict[str, Any]:
 
 def model_config(entry: ModelEntry) -> dict[str, Any]:
     """The config as Triton's JSON form of ``ModelConfig``."""
-    config = entry.config
-    raw = config.model_dump(mode="json", exclude_none=True)
-    for key in ("input", "output"):
-        for tensor in raw[key]:
-            tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
-    for tensor in raw["input"]:
-        tensor.pop("label_filename", None)  # an output's field in model_config.proto
-    for sample in raw.get("model_warmup", ()):
-        for tensor in sample.get("inputs", {}).values():
-            tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
-            for source in ("zero_data", "random_data", "input_data_file"):
-                if not tensor.get(source):
-                    tensor.pop(source, None)  # as Triton: only the source that is set
-    raw["platform"] = PLATFORMS[config.backend]
-    raw["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
-    return raw
+    return config_json(entry.config)
 
 
 async def read_statistics(

@@ -77,6 +77,11 @@ def running(
         _CURRENT.reset(token)
 
 
+def current() -> BatchWait | None:
+    """The batch this thread runs, if it runs one."""
+    return _CURRENT.get()
+
+
 def time_left_s() -> float:
     """Seconds until the running batch's last deadline (inf outside a batch)."""
     wait = _CURRENT.get()

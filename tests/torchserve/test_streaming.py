@@ -10,6 +10,7 @@ has read that part.
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import grpc
@@ -104,6 +105,14 @@ def test_parts_reach_the_client_as_the_handler_streams_them(tmp_path: Path) -> N
         with client.stream("POST", "/predictions/%73treamer", content="2 - ok") as r:
             assert r.headers["transfer-encoding"] == "chunked"
             assert r.read() == b"part 0 of 2 - ok\npart 1 of 2 - ok\nend of 2 - ok\n"
+
+        # An HTTP/1.0 client gets the parts unframed; the closed connection ends them.
+        with socket.create_connection(("127.0.0.1", config.http_port), timeout=30) as raw:
+            raw.sendall(b"POST /predictions/streamer HTTP/1.0\r\ncontent-length: 6\r\n\r\n2 - ok")
+            received = b"".join(iter(lambda: raw.recv(65536), b""))
+        head, _, streamed = received.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK") and b"transfer-encoding" not in head
+        assert streamed == b"part 0 of 2 - ok\npart 1 of 2 - ok\nend of 2 - ok\n"
 
         # KServe v2's infer takes the answer only.
         element = {"name": "body", "shape": [1, 1], "datatype": "BYTES", "data": ["1 - ok"]}

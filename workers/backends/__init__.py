@@ -56,9 +56,9 @@ def load_backend(
     if config.backend is Backend.TENSORRT:
         return _tensorrt(config, version_dir, instances, device)
     if config.backend is Backend.PYTHON:
-        from workers.backends.python_backend import PythonBackend
+        from workers.backends.python_backend import load_python
 
-        return PythonBackend(config, version_dir, device)
+        return load_python(config, version_dir, device)
     if config.backend is Backend.TORCHSERVE:
         from workers.backends.torchserve_backend import TorchServeBackend
 

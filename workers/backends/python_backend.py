@@ -138,11 +138,18 @@ class HandlerContext:
 class PythonBackend(ModelBackend):
     """One instance of a Python handler, on the CPU or CUDA device ``device``."""
 
-    def __init__(self, config: ModelConfig, version_dir: Path, device: int | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        version_dir: Path,
+        device: int | None = None,
+        module: ModuleType | None = None,
+    ) -> None:
         self.config = config
         self.device = device
         self.path = model_path(config, version_dir)
-        module = _load_module(config.name, version_dir, self.path)
+        if module is None:
+            module = _load_module(config.name, version_dir, self.path)
         handler_class = find_handler_class(module, self.path)
         context = HandlerContext(
             config.name, version_dir.name, version_dir, config, dict(config.parameters), device
@@ -204,6 +211,22 @@ def output_array(model: str, name: str, datatype: str, value: Any) -> np.ndarray
             f"model '{model}' returned {name} as {array.dtype}, config says {datatype}"
         )
     return array.astype(dtype)
+
+
+def load_python(config: ModelConfig, version_dir: Path, device: int | None) -> ModelBackend:
+    """The model ``model.py`` defines: Triton's (``TritonPythonModel``) or Weir's handler.
+
+    A Triton Python model is :mod:`workers.backends.triton_python`'s.
+    """
+    from workers.backends import pb_utils
+
+    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    module = _load_module(config.name, version_dir, model_path(config, version_dir))
+    if hasattr(module, "TritonPythonModel"):
+        from workers.backends.triton_python import TritonPythonBackend
+
+        return TritonPythonBackend(config, version_dir, module, device)
+    return PythonBackend(config, version_dir, device, module)
 
 
 def _load_module(model_name: str, version_dir: Path, path: Path) -> ModuleType:

@@ -1,0 +1,145 @@
+"""Triton Python models (``TritonPythonModel`` with ``triton_python_backend_utils``) on Weir.
+
+``weir up`` serves a model written as Triton's Python backend documents it: ``initialize``
+reads ``args["model_config"]``, ``execute`` reads each request's inputs with
+``pb_utils.get_input_tensor_by_name`` and answers with ``pb_utils.InferenceResponse``, or
+with a ``TritonError`` for a bad request. Requests of different sizes batched together
+each get their own rows back; a failing request fails alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import textwrap
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from tests.conftest import free_port
+from tests.weir_up import weir_up
+from workers.backends import pb_utils
+
+CONFIG = """
+    backend: python
+    max_batch_size: 8
+    input:
+      - {name: INPUT0, data_type: TYPE_FP32, dims: [4]}
+      - {name: INPUT1, data_type: TYPE_FP32, dims: [4]}
+    output:
+      - {name: OUTPUT0, data_type: TYPE_FP32, dims: [4]}
+      - {name: OUTPUT1, data_type: TYPE_FP32, dims: [4]}
+      - {name: ROWS, data_type: TYPE_INT32, dims: [1]}
+    dynamic_batching:
+      preferred_batch_size: [6]
+      max_queue_delay_microseconds: 2000000
+"""
+MODEL = """
+    import json
+    import time
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def initialize(self, args):
+            config = json.loads(args["model_config"])
+            output = pb_utils.get_output_config_by_name(config, "OUTPUT0")
+            self.dtype = pb_utils.triton_string_to_numpy(output["data_type"])
+            assert args["model_name"] == "add_sub" and args["model_version"] == "1"
+
+        def execute(self, requests):
+            if any(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0, 0] == 99
+                   for r in requests):
+                time.sleep(0.5)  # a slow batch: the requests sent meanwhile queue behind it
+            responses = []
+            for request in requests:
+                a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
+                b = pb_utils.get_input_tensor_by_name(request, "INPUT1").as_numpy()
+                if (b < 0).any():
+                    error = pb_utils.TritonError(
+                        "INPUT1 must not be negative", pb_utils.TritonError.INVALID_ARG
+                    )
+                    responses.append(pb_utils.InferenceResponse(error=error))
+                    continue
+                rows = np.full((a.shape[0], 1), a.shape[0], np.int32)
+                responses.append(
+                    pb_utils.InferenceResponse(
+                        output_tensors=[
+                            pb_utils.Tensor("OUTPUT0", (a + b).astype(self.dtype)),
+                            pb_utils.Tensor("OUTPUT1", a - b),
+                            pb_utils.Tensor("ROWS", rows),
+                        ]
+                    )
+                )
+            return responses
+"""
+
+
+def body(a: np.ndarray, b: np.ndarray) -> dict[str, object]:
+    def tensor(name: str, data: np.ndarray) -> dict[str, object]:
+        shape = list(data.shape)
+        return {"name": name, "shape": shape, "datatype": "FP32", "data": data.ravel().tolist()}
+
+    return {"inputs": [tensor("INPUT0", a), tensor("INPUT1", b)]}
+
+
+def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -> None:
+    (tmp_path / "models" / "add_sub" / "1").mkdir(parents=True)
+    (tmp_path / "models" / "add_sub" / "config.yaml").write_text(textwrap.dedent(CONFIG))
+    (tmp_path / "models" / "add_sub" / "1" / "model.py").write_text(textwrap.dedent(MODEL))
+    port = free_port()
+    args = ["--repository", str(tmp_path / "models"), "--http-port", str(port)]
+    args += ["--grpc-port", "0", "--metrics-port", "0", "--redis-port", str(free_port())]
+    rng = np.random.default_rng(3)
+    pairs = [(rng.random((n, 4), np.float32), rng.random((n, 4), np.float32)) for n in (1, 2, 3)]
+
+    async def send_all(
+        bodies: list[dict[str, object]], behind: dict[str, object] | None = None
+    ) -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+            url = "/v2/models/add_sub/infer"
+            slow = asyncio.ensure_future(client.post(url, json=behind)) if behind else None
+            if slow is not None:
+                await asyncio.sleep(0.1)  # taken by the one instance, which it holds 0.5 s
+            answers = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
+            if slow is not None:
+                assert (await slow).status_code == 200
+            return answers
+
+    with weir_up(*args):
+        # 1 + 2 + 3 rows queued behind a slow batch: one batch of 6, one execute call of
+        # three requests, each answered with its own rows.
+        slow = body(np.full((2, 4), 99, np.float32), np.zeros((2, 4), np.float32))
+        answers = asyncio.run(send_all([body(a, b) for a, b in pairs], behind=slow))
+        for (a, b), answer in zip(pairs, answers, strict=True):
+            assert answer.status_code == 200, answer.text
+            outputs = {o["name"]: np.array(o["data"]) for o in answer.json()["outputs"]}
+            np.testing.assert_allclose(outputs["OUTPUT0"], (a + b).ravel(), rtol=1e-6)
+            np.testing.assert_allclose(outputs["OUTPUT1"], (a - b).ravel(), rtol=1e-6)
+            assert outputs["ROWS"].tolist() == [len(a)] * len(a)
+        stats = httpx.get(f"http://127.0.0.1:{port}/v2/models/add_sub/stats").json()
+        batches = stats["model_stats"][0]["batch_stats"]
+        # [2, 6]; [8] on a machine so slow the three came before the slow one was taken.
+        assert [s["batch_size"] for s in batches] in ([2, 6], [8])
+
+        # A request the model answers with an error fails alone: the batch is run again in
+        # halves, and the others of its batch are answered.
+        (a, b), bad_b = pairs[2], -pairs[0][1]
+        good1, bad, good2 = asyncio.run(
+            send_all([body(*pairs[1]), body(pairs[0][0], bad_b), body(a, b)])
+        )
+        assert bad.status_code == 400
+        assert bad.json() == {"error": "INPUT1 must not be negative"}
+        assert good1.status_code == good2.status_code == 200
+
+
+def test_calls_weir_does_not_serve_say_so() -> None:
+    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
+        pb_utils.InferenceRequest(model_name="other", requested_output_names=["Y"]).exec()
+    with pytest.raises(pb_utils.TritonModelException, match="send_part"):
+        pb_utils.InferenceRequest().get_response_sender()
+    assert pb_utils.triton_string_to_numpy("TYPE_STRING") is object
+    assert pb_utils.numpy_to_triton_type(np.float16) == "TYPE_FP16"

@@ -1,0 +1,179 @@
+"""Triton Python models: a ``model.py`` defining ``TritonPythonModel``, run as Triton runs it.
+
+A model of the ``python`` backend whose ``model.py`` defines ``TritonPythonModel`` is a
+Triton Python model (any other is Weir's handler shape, :mod:`workers.backends.python_backend`).
+It imports ``triton_python_backend_utils`` (:mod:`workers.backends.pb_utils`, put in
+``sys.modules`` under that name). For each instance:
+
+- ``initialize(args)`` gets Triton's ``args``: ``model_config`` (the config as Triton's JSON
+  text), ``model_instance_kind`` (``CPU``/``GPU``), ``model_instance_name``,
+  ``model_instance_device_id``, ``model_repository`` (the model's directory),
+  ``model_version`` and ``model_name``.
+- ``execute(requests)`` gets one :class:`pb_utils.InferenceRequest` per request of the batch
+  Weir formed, each with its own rows of every input (the batch dimension kept, as Triton's
+  dynamic batcher hands them), its requested outputs and ``is_cancelled()``; it returns one
+  :class:`pb_utils.InferenceResponse` per request, in order. Weir puts the answers back
+  into one batch: every response must have the outputs its request asks for (all, when it
+  names none), each with the request's rows, in the config's datatype (cast when the cast
+  keeps the kind, as for Weir's handlers).
+- A response with an error fails the call's requests with its message and the code's
+  meaning (``INVALID_ARG`` 400, ``NOT_FOUND`` 404, ``UNAVAILABLE`` 503, ``UNSUPPORTED`` 501,
+  anything else 500); Weir runs the batch again in halves, as for any failure
+  (:mod:`workers.execution`), so the other requests are answered. ``TritonModelException``
+  or any other exception from ``execute`` fails the call the same way.
+- ``auto_complete_config`` is not called: the config must be complete. ``finalize`` is not
+  called either. Decoupled Triton Python models (the response sender) and calls to other
+  models from ``execute`` (BLS) are not served; ``get_response_sender()`` and ``exec()``
+  raise ``TritonModelException`` saying so.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import numpy as np
+
+from weir.config import ModelConfig
+from weir.config_json import config_json
+from weir.errors import (
+    ConfigError,
+    InvalidInput,
+    NotFound,
+    ServerError,
+    Unavailable,
+    Unsupported,
+    WeirError,
+)
+from workers import batch_wait
+from workers.backends import pb_utils
+from workers.backends.base import ModelBackend
+
+logger = logging.getLogger(__name__)
+
+MODULE_NAME = "triton_python_backend_utils"
+ERRORS: Mapping[int, type[WeirError]] = {
+    pb_utils.TritonError.INVALID_ARG: InvalidInput,
+    pb_utils.TritonError.NOT_FOUND: NotFound,
+    pb_utils.TritonError.UNAVAILABLE: Unavailable,
+    pb_utils.TritonError.UNSUPPORTED: Unsupported,
+}
+
+
+class TritonPythonBackend(ModelBackend):
+    """One instance of a Triton Python model."""
+
+    def __init__(
+        self, config: ModelConfig, version_dir: Path, module: ModuleType, device: int | None
+    ) -> None:
+        self.config = config
+        self.device = device
+        self.batches = config.max_batch_size > 0
+        path = version_dir / "model.py"
+        if config.decoupled:
+            raise ConfigError(
+                f"{path}: a decoupled Triton Python model (its response sender) is not "
+                "served yet: write it in Weir's handler shape and use context.send_part"
+            )
+        self.model = module.TritonPythonModel()
+        if hasattr(self.model, "auto_complete_config"):
+            logger.info("model %s: auto_complete_config is not called", config.name)
+        args = {
+            "model_config": json.dumps(config_json(config)),
+            "model_instance_kind": "CPU" if device is None else "GPU",
+            "model_instance_name": f"{config.name}_0",
+            "model_instance_device_id": str(device or 0),
+            "model_repository": str(version_dir.parent),
+            "model_version": version_dir.name,
+            "model_name": config.name,
+        }
+        initialize = getattr(self.model, "initialize", None)
+        if initialize is not None:
+            try:
+                initialize(args)
+            except Exception as exc:
+                raise ConfigError(
+                    f"{path}: TritonPythonModel.initialize failed: {type(exc).__name__}: {exc}"
+                ) from exc
+
+    def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        wait = batch_wait.current()
+        members = list(wait.requests) if wait is not None else []
+        rows = list(wait.rows) if wait is not None and wait.rows else [1] * len(members)
+        if not members:  # outside a batch (a warm-up sample): one request of every row
+            members, rows = [], [next(iter(inputs.values())).shape[0] if self.batches else 1]
+        requests = self._requests(inputs, members, rows)
+        responses = self._execute(requests)
+        return self._outputs(requests, responses, rows)
+
+    def _requests(
+        self, inputs: dict[str, np.ndarray], members: list[Any], rows: list[int]
+    ) -> list[pb_utils.InferenceRequest]:
+        bounds = np.cumsum(rows)[:-1]
+        split = {name: np.split(a, bounds) if self.batches else [a] for name, a in inputs.items()}
+        every = [spec.name for spec in self.config.output]
+        requests = []
+        for i in range(len(rows)):
+            member = members[i] if members else None
+            tensors = [pb_utils.Tensor(name, parts[i]) for name, parts in split.items()]
+            wanted = (member.outputs if member is not None else None) or every
+            request_id = member.id if member is not None else ""
+            requests.append(pb_utils.InferenceRequest(tensors, wanted, request_id, {}, _cancel))
+        return requests
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[Any]:
+        name = self.config.name
+        try:
+            responses = self.model.execute(requests)
+        except WeirError:
+            raise
+        except Exception as exc:
+            logger.exception("Triton Python model %s: execute failed", name)
+            message = f"model '{name}' failed in execute: {type(exc).__name__}: {exc}"
+            raise ServerError(message) from exc
+        if not isinstance(responses, list) or len(responses) != len(requests):
+            count = len(responses) if isinstance(responses, list) else type(responses).__name__
+            raise ServerError(
+                f"model '{name}': execute returned {count} responses for {len(requests)} "
+                "requests: one per request is required"
+            )
+        for response in responses:
+            error = response.error() if response.has_error() else None
+            if error is not None:
+                raise ERRORS.get(error.code(), ServerError)(str(error.message()))
+        return responses
+
+    def _outputs(
+        self, requests: list[pb_utils.InferenceRequest], responses: list[Any], rows: list[int]
+    ) -> dict[str, np.ndarray]:
+        from workers.backends.python_backend import output_array
+
+        name = self.config.name
+        wanted = dict.fromkeys(n for r in requests for n in r.requested_output_names())
+        outputs = {}
+        for output in wanted:
+            spec = self.config.output_spec(output)
+            if spec is None:
+                raise ServerError(f"model '{name}' has no output {output}")
+            arrays = []
+            for response, count in zip(responses, rows, strict=True):
+                tensor = pb_utils.get_output_tensor_by_name(response, output)
+                if tensor is None:
+                    raise ServerError(f"model '{name}' returned no output {output}")
+                array = output_array(name, output, spec.datatype, tensor.as_numpy())
+                if self.batches and (array.ndim == 0 or array.shape[0] != count):
+                    raise ServerError(
+                        f"model '{name}' returned {output} with shape {list(array.shape)} for a "
+                        f"request of {count} rows: its first dimension is the request's rows"
+                    )
+                arrays.append(array)
+            outputs[output] = np.concatenate(arrays) if self.batches else arrays[0]
+        return outputs
+
+
+def _cancel() -> bool:
+    return batch_wait.is_cancelled()
