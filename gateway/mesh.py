@@ -27,7 +27,7 @@ from gateway.deadline import Deadline
 from gateway.parts import PartFilter, PartListener
 from gateway.reply_streams import ENSURE_SCRIPT
 from gateway.resubmission import Accepted, Resubmitter
-from gateway.validation import priority_level
+from gateway.validation import model_parameters, priority_level
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
@@ -228,9 +228,9 @@ class MeshClient:
             reply_to=self.reply_stream,
             deadline_ms=now_ns // 1_000_000 + int(timeout_s * 1000),
             outputs=[o.name for o in body.outputs],
-            # Only the gateway reads a request's parameters (timeout, priority, output
-            # options): none travels through the mesh.
-            parameters={},
+            # The model's own: those the gateway acts on (timeout, priority, output
+            # options) stay here; a Triton Python model reads the rest.
+            parameters=model_parameters(body.parameters) if body.parameters else {},
             ts={Stamp.GATEWAY_IN: now_ns},
         )
 

@@ -8,6 +8,8 @@ the model's ``max_input_bytes`` parameter are a 413.
 
 from __future__ import annotations
 
+from typing import Any
+
 from gateway.codec import InferBody
 from weir.config import ModelConfig, TensorSpec
 from weir.errors import BodyTooLarge, InvalidInput
@@ -125,3 +127,23 @@ def priority_level(config: ModelConfig, body: InferBody) -> int:
             f"{batching.priority_levels} of model '{config.name}'"
         )
     return batching.level_index(priority)
+
+
+# Request parameters the server acts on (Triton's reserved names and the gateway's own).
+SERVER_PARAMETERS = frozenset(
+    (
+        "timeout",
+        "priority",
+        "binary_data_output",
+        "sequence_id",
+        "sequence_start",
+        "sequence_end",
+        "headers",
+        "triton_enable_empty_final_response",
+    )
+)
+
+
+def model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
+    """A request's parameters for its model: all but those the server acts on."""
+    return {k: v for k, v in parameters.items() if k not in SERVER_PARAMETERS}

@@ -64,7 +64,10 @@ MODEL = """
                     )
                     responses.append(pb_utils.InferenceResponse(error=error))
                     continue
-                rows = np.full((a.shape[0], 1), a.shape[0], np.int32)
+                parameters = json.loads(request.parameters())
+                assert "timeout" not in parameters, "the server's parameter reached the model"
+                scale = parameters.get("scale", 1)
+                rows = np.full((a.shape[0], 1), a.shape[0] * scale, np.int32)
                 responses.append(
                     pb_utils.InferenceResponse(
                         output_tensors=[
@@ -134,6 +137,12 @@ def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -
         assert bad.status_code == 400
         assert bad.json() == {"error": "INPUT1 must not be negative"}
         assert good1.status_code == good2.status_code == 200
+
+        # The request's own parameters reach the model; the server's (timeout) do not.
+        asked = {**body(*pairs[0]), "parameters": {"scale": 10, "timeout": 30_000_000}}
+        (scaled,) = asyncio.run(send_all([asked]))
+        rows = next(o for o in scaled.json()["outputs"] if o["name"] == "ROWS")
+        assert rows["data"] == [10]
 
 
 def test_calls_weir_does_not_serve_say_so() -> None:

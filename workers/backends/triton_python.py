@@ -122,7 +122,10 @@ class TritonPythonBackend(ModelBackend):
             tensors = [pb_utils.Tensor(name, parts[i]) for name, parts in split.items()]
             wanted = (member.outputs if member is not None else None) or every
             request_id = member.id if member is not None else ""
-            requests.append(pb_utils.InferenceRequest(tensors, wanted, request_id, {}, _cancel))
+            parameters = member.parameters if member is not None else {}
+            requests.append(
+                pb_utils.InferenceRequest(tensors, wanted, request_id, parameters, _cancel)
+            )
         return requests
 
     def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[Any]:
