@@ -55,7 +55,10 @@ async def generate(request: Request, model: str, version: str | None = None) -> 
     state = gateway_state(request)
     entry, version = state.repository.resolve(model, version)
     body = await _body(state, request, entry, version)
-    reply = await _run(state, request, entry, version, body, None)
+    parts: list[InferReply] = []
+    reply = await _run(state, request, entry, version, body, parts.append)
+    if not reply.outputs and parts:  # ended with no last response: its last part is
+        reply = parts[-1]
     return Response(orjson.dumps(answer(entry, version, reply)), media_type="application/json")
 
 
@@ -108,13 +111,20 @@ async def _events(
     rest: AsyncIterator[Streamed[InferReply]],
 ) -> AsyncIterator[bytes]:
     try:
-        yield _event(answer(entry, version, first.value))
+        if _sent(first):
+            yield _event(answer(entry, version, first.value))
         async for item in rest:
-            yield _event(answer(entry, version, item.value))
+            if _sent(item):
+                yield _event(answer(entry, version, item.value))
     except WeirError as exc:
         yield _event({"error": exc.message})
     finally:
         await rest.aclose()  # type: ignore[attr-defined]
+
+
+def _sent(item: Streamed[InferReply]) -> bool:
+    # A decoupled request ended with no last response has nothing to send at its end.
+    return not item.last or bool(item.value.outputs)
 
 
 def _event(content: dict[str, Any]) -> bytes:

@@ -29,22 +29,40 @@ ENABLE_FINAL = "triton_enable_empty_final_response"
 UNARY = "ModelInfer RPC doesn't support models with decoupled transaction policy"
 
 
+def last_response(
+    entry: ModelEntry, version: str, request_id: str, body: InferBody, reply: InferReply
+) -> Any:
+    """The response that ends a decoupled model's request; None when there is none to send.
+
+    A request ended with no last response (a Triton Python model's final flag alone) has no
+    outputs: Triton's empty final response when the client asked for one, else nothing.
+    """
+    if not reply.outputs and body.parameters.get(ENABLE_FINAL) is not True:
+        return None
+    response = render_infer_response(entry.name, version, request_id, _chosen(body, reply))
+    mark(body, response, last=True)
+    return response
+
+
 def part_listener(
     entry: ModelEntry, version: str, request_id: str, body: InferBody, send: Callable[[Any], None]
 ) -> PartListener:
     """Renders each part as a ``ModelInferResponse`` and hands it to ``send``."""
 
     def take(reply: InferReply) -> None:
-        outputs = reply.outputs
-        if body.outputs:  # the asked outputs the part has, in the request's order
-            chosen = [(o.name, outputs[o.name]) for o in body.outputs if o.name in outputs]
-        else:
-            chosen = list(outputs.items())
-        response = render_infer_response(entry.name, version, request_id, chosen)
+        response = render_infer_response(entry.name, version, request_id, _chosen(body, reply))
         mark(body, response, last=False)
         send(response)
 
     return take
+
+
+def _chosen(body: InferBody, reply: InferReply) -> list[tuple[str, Any]]:
+    """The asked outputs the reply has, in the request's order (all, when it asked none)."""
+    outputs = reply.outputs
+    if body.outputs:
+        return [(o.name, outputs[o.name]) for o in body.outputs if o.name in outputs]
+    return list(outputs.items())
 
 
 def mark(body: InferBody, response: Any, last: bool) -> None:

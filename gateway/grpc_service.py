@@ -234,7 +234,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
         """One ``ModelInferRequest``, answered as HTTP answers it; WeirError on failure.
 
         ``send`` takes each response of a decoupled model before the last (gateway.grpc_parts);
-        without it, a decoupled model is refused.
+        without it, a decoupled model is refused. None: nothing more to send (a decoupled
+        model's request ended with no last response, whose client asked for no empty one).
         """
         state = self.state
         started_s = time.monotonic()
@@ -261,13 +262,10 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             state.metrics.failed(entry.name, version, _ended_by(started_s, remaining_s))
             raise
         state.metrics.answered(entry.name, version, reply)
-        outputs = grpc_codec.select_outputs(body, reply.outputs)
-        response = grpc_codec.render_infer_response(
-            entry.name, version, request.id, outputs, shared
-        )
         if parts is not None:
-            grpc_parts.mark(body, response, last=True)
-        return response
+            return grpc_parts.last_response(entry, version, request.id, body, reply)
+        outputs = grpc_codec.select_outputs(body, reply.outputs)
+        return grpc_codec.render_infer_response(entry.name, version, request.id, outputs, shared)
 
     @_answers_errors
     async def SystemSharedMemoryStatus(self, request: Any, context: Any) -> Any:

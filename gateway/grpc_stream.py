@@ -60,7 +60,8 @@ class StreamAnswers:
             parts: list[asyncio.Task[None]] = []  # a decoupled model's responses before it
             response = await self._response(request, parts)
             await asyncio.gather(*parts)
-            await self._write(response)
+            if response is not None:
+                await self._write(response)
         finally:
             self.slots.release()
 
@@ -76,6 +77,8 @@ class StreamAnswers:
         try:
             request = await self.servicer.decode(wire)
             answer = await self.servicer.infer(request, self.context.time_remaining(), send)
+            if answer is None:  # a decoupled model's request ended with nothing more to send
+                return None
             return service_pb2.ModelStreamInferResponse(infer_response=answer)
         except WeirError as exc:
             message = exc.message

@@ -168,7 +168,13 @@ class BatchRunner:
     def _replies(
         self, members: list[InferRequest], outputs: dict[str, np.ndarray], sizes: list[int]
     ) -> list[InferReply]:
-        """Each member's reply: its rows of each output it asked for (all, when none)."""
+        """Each member's reply: its rows of each output it asked for (all, when none).
+
+        A decoupled model that sent every response as a part returns no outputs at all:
+        each reply then only ends its request's stream.
+        """
+        if not outputs and self.config.decoupled:
+            return [InferReply(r.id, r.model, r.version, {}, ts=dict(r.ts)) for r in members]
         self._check_rows(outputs, sizes)
         every = [spec.name for spec in self.config.output]
         wanted = [r.outputs or every for r in members]

@@ -148,7 +148,97 @@ def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -
 def test_calls_weir_does_not_serve_say_so() -> None:
     with pytest.raises(pb_utils.TritonModelException, match="BLS"):
         pb_utils.InferenceRequest(model_name="other", requested_output_names=["Y"]).exec()
-    with pytest.raises(pb_utils.TritonModelException, match="send_part"):
+    with pytest.raises(pb_utils.TritonModelException, match="only a decoupled model"):
         pb_utils.InferenceRequest().get_response_sender()
     assert pb_utils.triton_string_to_numpy("TYPE_STRING") is object
     assert pb_utils.numpy_to_triton_type(np.float16) == "TYPE_FP16"
+
+
+REPEAT_CONFIG = """
+    backend: python
+    max_batch_size: 4
+    input: [{name: IN, data_type: TYPE_INT32, dims: [1]}]
+    output: [{name: OUT, data_type: TYPE_INT32, dims: [1]}]
+    model_transaction_policy: {decoupled: true}
+"""
+# Triton's decoupled pattern: execute hands each request to a thread of the model's own,
+# which sends its responses after execute has returned, then the final flag alone.
+REPEAT = """
+    import threading
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    class TritonPythonModel:
+        def execute(self, requests):
+            for request in requests:
+                count = int(pb_utils.get_input_tensor_by_name(request, "IN").as_numpy()[0, 0])
+                sender = request.get_response_sender()
+                threading.Thread(target=self.repeat, args=(sender, count)).start()
+            return None
+
+        def repeat(self, sender, count):
+            final = pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL
+            if count < 0:
+                invalid = pb_utils.TritonError.INVALID_ARG
+                error = pb_utils.TritonError("IN must not be negative", invalid)
+                sender.send(pb_utils.InferenceResponse(error=error), flags=final)
+                return
+            for i in range(count):
+                out = pb_utils.Tensor("OUT", np.array([[i]], np.int32))
+                sender.send(pb_utils.InferenceResponse(output_tensors=[out]))
+            sender.send(flags=final)
+"""
+
+
+def test_a_decoupled_triton_python_model_streams_from_its_own_threads(tmp_path: Path) -> None:
+    import queue
+
+    import tritonclient.grpc as grpcclient
+
+    model = tmp_path / "models" / "repeat"
+    (model / "1").mkdir(parents=True)
+    (model / "config.yaml").write_text(textwrap.dedent(REPEAT_CONFIG))
+    (model / "1" / "model.py").write_text(textwrap.dedent(REPEAT))
+    http_port, grpc_port = free_port(), free_port()
+    args = ["--repository", str(tmp_path / "models"), "--http-port", str(http_port)]
+    args += ["--grpc-port", str(grpc_port), "--metrics-port", "0", "--redis-port", str(free_port())]
+
+    def stream(count: int, empty_final: bool) -> list[tuple[int | None, bool | None, str]]:
+        """Each response of one request: OUT (None: none), its final flag, its error."""
+        got: queue.Queue[tuple[object, object]] = queue.Queue()
+        tensor = grpcclient.InferInput("IN", [1, 1], "INT32")
+        tensor.set_data_from_numpy(np.array([[count]], np.int32))
+        seen: list[tuple[int | None, bool | None, str]] = []
+        with grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_port}") as client:
+            client.start_stream(callback=lambda result, error: got.put((result, error)))
+            client.async_stream_infer(
+                "repeat", [tensor], request_id="r", enable_empty_final_response=empty_final
+            )
+            expected = count + empty_final if count >= 0 else 1  # an error: one response
+            while len(seen) < expected:
+                result, error = got.get(timeout=30)
+                if error is not None:
+                    seen.append((None, None, str(error)))
+                    continue
+                response = result.get_response()  # type: ignore[attr-defined]
+                out = result.as_numpy("OUT")  # type: ignore[attr-defined]
+                final = response.parameters["triton_final_response"].bool_param
+                seen.append(
+                    (None if out is None else int(out[0, 0]), final if empty_final else None, "")
+                )
+            client.stop_stream()
+        return seen
+
+    with weir_up(*args):
+        assert stream(3, empty_final=True) == [
+            (0, False, ""), (1, False, ""), (2, False, ""), (None, True, "")
+        ]  # fmt: skip
+        assert stream(2, empty_final=False) == [(0, None, ""), (1, None, "")]
+        ((_, _, error),) = stream(-1, empty_final=False)
+        assert "IN must not be negative" in error
+        with httpx.Client(base_url=f"http://127.0.0.1:{http_port}/v2/models/repeat") as client:
+            events = client.post("/generate_stream", json={"IN": 3}, timeout=30).text
+            assert events.count("data: ") == 3 and '"OUT":2' in events
+            assert client.post("/generate", json={"IN": 2}, timeout=30).json()["OUT"] == 1

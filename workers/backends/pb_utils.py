@@ -108,6 +108,7 @@ class InferenceRequest:
         self._parameters = raw if isinstance(raw, str) else json.dumps(raw)
         self._is_cancelled = is_cancelled or (lambda: False)
         self._model = bls.get("model_name")
+        self.response_sender: Any = None  # a decoupled model's (workers.backends.triton_senders)
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -139,10 +140,12 @@ class InferenceRequest:
             raise TritonModelException("Weir does not reschedule requests")
 
     def get_response_sender(self) -> Any:
-        raise TritonModelException(
-            "a Triton Python model's response sender (decoupled) is not served by Weir: "
-            "write the model in Weir's handler shape and use context.send_part"
-        )
+        if self.response_sender is None:
+            raise TritonModelException(
+                "only a decoupled model (model_transaction_policy { decoupled: true }) has a "
+                "response sender"
+            )
+        return self.response_sender
 
     def exec(self, *args: Any, **kwargs: Any) -> Any:
         raise TritonModelException(

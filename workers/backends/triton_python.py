@@ -21,17 +21,19 @@ It imports ``triton_python_backend_utils`` (:mod:`workers.backends.pb_utils`, pu
   anything else 500); Weir runs the batch again in halves, as for any failure
   (:mod:`workers.execution`), so the other requests are answered. ``TritonModelException``
   or any other exception from ``execute`` fails the call the same way.
+- A decoupled model (``model_transaction_policy { decoupled: true }``) answers through each
+  request's ``get_response_sender()``, from ``execute`` or from threads of its own after
+  ``execute`` returns (:mod:`workers.backends.triton_senders`); the instance is held until
+  every request of the batch has had its final flag.
 - ``auto_complete_config`` is not called: the config must be complete. ``finalize`` is not
-  called either. Decoupled Triton Python models (the response sender) and calls to other
-  models from ``execute`` (BLS) are not served; ``get_response_sender()`` and ``exec()``
-  raise ``TritonModelException`` saying so.
+  called either. Calls to other models from ``execute`` (BLS) are not served: ``exec()``
+  raises ``TritonModelException`` saying so.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-from collections.abc import Mapping
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -42,26 +44,17 @@ from weir.config import ModelConfig
 from weir.config_json import config_json
 from weir.errors import (
     ConfigError,
-    InvalidInput,
-    NotFound,
     ServerError,
-    Unavailable,
-    Unsupported,
     WeirError,
 )
 from workers import batch_wait
 from workers.backends import pb_utils
 from workers.backends.base import ModelBackend
+from workers.backends.triton_senders import ResponseSender, error_of, finish
 
 logger = logging.getLogger(__name__)
 
 MODULE_NAME = "triton_python_backend_utils"
-ERRORS: Mapping[int, type[WeirError]] = {
-    pb_utils.TritonError.INVALID_ARG: InvalidInput,
-    pb_utils.TritonError.NOT_FOUND: NotFound,
-    pb_utils.TritonError.UNAVAILABLE: Unavailable,
-    pb_utils.TritonError.UNSUPPORTED: Unsupported,
-}
 
 
 class TritonPythonBackend(ModelBackend):
@@ -74,11 +67,6 @@ class TritonPythonBackend(ModelBackend):
         self.device = device
         self.batches = config.max_batch_size > 0
         path = version_dir / "model.py"
-        if config.decoupled:
-            raise ConfigError(
-                f"{path}: a decoupled Triton Python model (its response sender) is not "
-                "served yet: write it in Weir's handler shape and use context.send_part"
-            )
         self.model = module.TritonPythonModel()
         if hasattr(self.model, "auto_complete_config"):
             logger.info("model %s: auto_complete_config is not called", config.name)
@@ -107,6 +95,15 @@ class TritonPythonBackend(ModelBackend):
         if not members:  # outside a batch (a warm-up sample): one request of every row
             members, rows = [], [next(iter(inputs.values())).shape[0] if self.batches else 1]
         requests = self._requests(inputs, members, rows)
+        if self.config.decoupled:
+            senders = [
+                ResponseSender(self.config, wait, members[i] if members else None, rows[i])
+                for i in range(len(requests))
+            ]
+            for request, sender in zip(requests, senders, strict=True):
+                request.response_sender = sender
+            self._call_execute(requests)
+            return finish(self.config.name, senders)
         responses = self._execute(requests)
         return self._outputs(requests, responses, rows)
 
@@ -128,16 +125,20 @@ class TritonPythonBackend(ModelBackend):
             )
         return requests
 
-    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[Any]:
+    def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         name = self.config.name
         try:
-            responses = self.model.execute(requests)
+            return self.model.execute(requests)
         except WeirError:
             raise
         except Exception as exc:
             logger.exception("Triton Python model %s: execute failed", name)
             message = f"model '{name}' failed in execute: {type(exc).__name__}: {exc}"
             raise ServerError(message) from exc
+
+    def _execute(self, requests: list[pb_utils.InferenceRequest]) -> list[Any]:
+        name = self.config.name
+        responses = self._call_execute(requests)
         if not isinstance(responses, list) or len(responses) != len(requests):
             count = len(responses) if isinstance(responses, list) else type(responses).__name__
             raise ServerError(
@@ -145,9 +146,9 @@ class TritonPythonBackend(ModelBackend):
                 "requests: one per request is required"
             )
         for response in responses:
-            error = response.error() if response.has_error() else None
+            error = error_of(response)
             if error is not None:
-                raise ERRORS.get(error.code(), ServerError)(str(error.message()))
+                raise error
         return responses
 
     def _outputs(
