@@ -48,6 +48,12 @@ class LaneRun:
         await self.instances.cancel_all(grace_s)
         self.executor.shutdown(wait=False, cancel_futures=True)
         await self.lane.read_link.close()
+        backends = {id(r.backend): r.backend for r in self.lane.runners}  # a shared one once
+        for backend in backends.values():
+            try:
+                await asyncio.to_thread(backend.close)
+            except Exception:
+                logger.exception("closing an instance of %s failed", self.lane.label)
 
     async def end(self, read_timeout_s: float, grace_s: float) -> None:
         """Stop intake, finish what was taken, release the instances."""

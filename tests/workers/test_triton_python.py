@@ -49,6 +49,11 @@ MODEL = """
             output = pb_utils.get_output_config_by_name(config, "OUTPUT0")
             self.dtype = pb_utils.triton_string_to_numpy(output["data_type"])
             assert args["model_name"] == "add_sub" and args["model_version"] == "1"
+            self.repository = args["model_repository"]
+
+        def finalize(self):
+            with open(self.repository + "/finalized", "w") as mark:
+                mark.write("done")
 
         def execute(self, requests):
             if any(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0, 0] == 99
@@ -143,6 +148,8 @@ def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -
         (scaled,) = asyncio.run(send_all([asked]))
         rows = next(o for o in scaled.json()["outputs"] if o["name"] == "ROWS")
         assert rows["data"] == [10]
+    # weir up stopped its worker, which finalized the model's instance.
+    assert (tmp_path / "models" / "add_sub" / "finalized").read_text() == "done"
 
 
 def test_calls_weir_does_not_serve_say_so() -> None:

@@ -32,6 +32,9 @@ class ModelBackend(ABC):
         """
         return self
 
+    def close(self) -> None:  # noqa: B027 (most backends hold nothing to release)
+        """Release what the instance holds when its lane stops (a Triton model's finalize)."""
+
     def handler_samples(self) -> list[HandlerSample]:
         """The metrics a handler of this instance recorded (TorchServe archives); none else."""
         return []

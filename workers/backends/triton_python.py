@@ -25,9 +25,10 @@ It imports ``triton_python_backend_utils`` (:mod:`workers.backends.pb_utils`, pu
   request's ``get_response_sender()``, from ``execute`` or from threads of its own after
   ``execute`` returns (:mod:`workers.backends.triton_senders`); the instance is held until
   every request of the batch has had its final flag.
-- ``auto_complete_config`` is not called: the config must be complete. ``finalize`` is not
-  called either. Calls to other models from ``execute`` (BLS) are not served: ``exec()``
-  raises ``TritonModelException`` saying so.
+- ``finalize()`` runs when the instance's lane stops (an unload, the worker's end).
+- ``auto_complete_config`` is not called: the config must be complete. Calls to other
+  models from ``execute`` (BLS) are not served: ``exec()`` raises ``TritonModelException``
+  saying so.
 """
 
 from __future__ import annotations
@@ -87,6 +88,12 @@ class TritonPythonBackend(ModelBackend):
                 raise ConfigError(
                     f"{path}: TritonPythonModel.initialize failed: {type(exc).__name__}: {exc}"
                 ) from exc
+
+    def close(self) -> None:
+        """``finalize()``, when the model has one: its lane is stopping."""
+        finalize = getattr(self.model, "finalize", None)
+        if finalize is not None:
+            finalize()
 
     def infer(self, inputs: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         wait = batch_wait.current()
