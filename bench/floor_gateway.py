@@ -32,10 +32,10 @@ import uvloop
 
 from gateway.admission import Admission
 from gateway.json_data import flat_floats
-from gateway.reply_streams import ENSURE_SCRIPT
 from weir import datatypes, names, wire
 from weir.redis_io.link import HotLink
 from weir.redis_io.links import open_link
+from weir.stages import ENSURE_SCRIPT
 from weir.stats import Stamp
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest

@@ -25,7 +25,6 @@ from gateway.catalog import Catalog
 from gateway.codec import InferBody, check_parameter_size
 from gateway.deadline import Deadline
 from gateway.parts import PartFilter, PartListener
-from gateway.reply_streams import ENSURE_SCRIPT
 from gateway.resubmission import Accepted, Resubmitter
 from gateway.validation import model_parameters, priority_level
 from pipelines.route import Route, Router
@@ -37,6 +36,7 @@ from weir.redis_io.links import open_link
 from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry
 from weir.settings import GatewaySettings
+from weir.stages import ENSURE_SCRIPT
 from weir.stats import Stamp
 from weir.wire import InferReply, InferRequest
 

@@ -21,16 +21,10 @@ from redis.exceptions import RedisError
 
 from weir import names
 from weir.liveness import Heartbeat, expired_consumers, forget_consumers
+from weir.stages import ENSURE_SCRIPT
 
 logger = logging.getLogger(__name__)
 
-# KEYS[1]: the reply stream. An entry added and trimmed at once leaves an empty stream; on
-# a stream that exists it would trim unread replies, hence the check in the same script.
-ENSURE_SCRIPT = """
-if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('XADD', KEYS[1], 'MAXLEN', 0, '*', 'created', '1')
-end
-"""
 
 SWEEP_COUNT = 100  # dead gateways cleaned up per sweep; the next sweep takes more
 

@@ -57,6 +57,20 @@ return results
 """
 
 
+# KEYS[1]: the reply stream. An entry added and trimmed at once leaves an empty stream; on
+# a stream that exists it would trim unread replies, hence the check in the same script.
+ENSURE_SCRIPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('XADD', KEYS[1], 'MAXLEN', 0, '*', 'created', '1')
+end
+"""
+
+
+def ensure_stream(stream: str) -> Command:
+    """Make a reply stream exist (empty), unless it does: replies never create one."""
+    return ("EVAL", ENSURE_SCRIPT, 1, stream)
+
+
 def entry_args(fields: Mapping[bytes, Arg], max_queue_size: int) -> list[Arg]:
     """One entry's arguments to :func:`queue`: its limit, then its fields."""
     args: list[Arg] = [max_queue_size, 2 * len(fields)]

@@ -44,8 +44,10 @@ from weir.settings import WorkerSettings
 from weir.streams import StreamGroup
 from weir.trim import Trimmer
 from weir.workload import encode_served
+from workers import bls
 from workers.backends import ArchiveOptions, load_backend
 from workers.backends.base import ModelBackend
+from workers.bls import BlsClient
 from workers.execution import BatchRunner
 from workers.gpu_metrics import GpuSampler
 from workers.handler_metrics import HandlerMetricsPublisher
@@ -80,6 +82,7 @@ class Worker(Service):
             settings.redis_url, settings.redis_timeout_s
         )  # the lanes' transactions (see weir.redis_io.link)
         self.runs: dict[LaneKey, LaneRun] = {}
+        self.bls = bls.CLIENT = BlsClient(settings, self.worker_id, self.link)  # model calls
         self.loading: dict[LaneKey, str] = {}  # lanes loading, with the stamp they load
         self.failed: dict[tuple[str, str, str], str] = {}
         self.retiring: set[LaneKey] = set()
@@ -145,6 +148,7 @@ class Worker(Service):
     async def _load_all(self, repository: Repository) -> None:
         """Mode none: every lane of this pool, before serving; a failure stops the worker."""
         self.router = Router(self.redis, load_pipelines(repository))
+        self.bls.repository = repository
         for entry in repository:
             count = instance_count(entry.config, self.settings.pool)
             for version in entry.versions if count else ():
@@ -246,6 +250,7 @@ class Worker(Service):
             logger.error("cannot serve generation %d: %s", state.generation, exc)
             return
         self.router = Router(self.redis, load_pipelines(repository))
+        self.bls.repository = repository
         wanted = self.wanted = {}
         failures: dict[LaneKey, str] = {}
         for entry in repository:
@@ -341,6 +346,7 @@ class Worker(Service):
         self.stall.start()
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
+        self.tasks.spawn(self.bls.run(self.should_exit), "replies to model calls")
         handler_metrics = HandlerMetricsPublisher(
             self.redis, self.worker_id, self.settings.handler_metrics_interval_s, self._backends
         )
@@ -372,6 +378,7 @@ class Worker(Service):
     async def shutdown(self) -> None:
         for run in self.runs.values():
             await run.close(self.settings.shutdown_grace_s)
+        await self.bls.close()
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
         self.stall.stop()
         await self.heartbeat.stop()

@@ -153,8 +153,10 @@ def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -
 
 
 def test_calls_weir_does_not_serve_say_so() -> None:
-    with pytest.raises(pb_utils.TritonModelException, match="BLS"):
+    with pytest.raises(pb_utils.TritonModelException, match="needs a Weir worker"):
         pb_utils.InferenceRequest(model_name="other", requested_output_names=["Y"]).exec()
+    with pytest.raises(pb_utils.TritonModelException, match="decoupled call"):
+        pb_utils.InferenceRequest(model_name="other").exec(decoupled=True)
     with pytest.raises(pb_utils.TritonModelException, match="only a decoupled model"):
         pb_utils.InferenceRequest().get_response_sender()
     assert pb_utils.triton_string_to_numpy("TYPE_STRING") is object
@@ -249,3 +251,77 @@ def test_a_decoupled_triton_python_model_streams_from_its_own_threads(tmp_path: 
             events = client.post("/generate_stream", json={"IN": 3}, timeout=30).text
             assert events.count("data: ") == 3 and '"OUT":2' in events
             assert client.post("/generate", json={"IN": 2}, timeout=30).json()["OUT"] == 1
+
+
+DOUBLE_CONFIG = """
+    backend: python
+    max_batch_size: 8
+    input: [{name: X, data_type: TYPE_FP32, dims: [2]}]
+    output: [{name: Y, data_type: TYPE_FP32, dims: [2]}]
+"""
+DOUBLE = """
+    class Double:
+        def initialize(self, context):
+            pass
+
+        def inference(self, batch):
+            return {"Y": batch["X"] * 2}
+"""
+CALLER = """
+    import asyncio
+
+    import numpy as np
+    import triton_python_backend_utils as pb_utils
+
+
+    def call(model, x):
+        return pb_utils.InferenceRequest(
+            model_name=model, inputs=[pb_utils.Tensor("X", x)], requested_output_names=["Y"]
+        )
+
+
+    class TritonPythonModel:
+        async def execute(self, requests):
+            responses = []
+            for request in requests:
+                x = pb_utils.get_input_tensor_by_name(request, "X").as_numpy()
+                if (x < 0).any():  # a call to a model there is not: its error, passed on
+                    failed = call("missing", x).exec()
+                    responses.append(pb_utils.InferenceResponse(error=failed.error()))
+                    continue
+                # Two calls at once, then one more with the first's answer.
+                once, twice = await asyncio.gather(
+                    call("double", x).async_exec(), call("double", x + 1).async_exec()
+                )
+                y = pb_utils.get_output_tensor_by_name(once, "Y").as_numpy()
+                z = pb_utils.get_output_tensor_by_name(twice, "Y").as_numpy()
+                again = call("double", y).exec()
+                w = pb_utils.get_output_tensor_by_name(again, "Y").as_numpy()
+                responses.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", w + z)]))
+            return responses
+"""
+
+
+def test_a_triton_python_model_calls_other_models(tmp_path: Path) -> None:
+    models = tmp_path / "models"
+    for name, handler in (("double", DOUBLE), ("caller", CALLER)):
+        (models / name / "1").mkdir(parents=True)
+        (models / name / "config.yaml").write_text(textwrap.dedent(DOUBLE_CONFIG))
+        (models / name / "1" / "model.py").write_text(textwrap.dedent(handler))
+    port = free_port()
+    args = ["--repository", str(models), "--http-port", str(port)]
+    args += ["--grpc-port", "0", "--metrics-port", "0", "--redis-port", str(free_port())]
+    x = np.array([[1.0, 2.0], [3.0, 4.0]], np.float32)
+    with weir_up(*args), httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30) as client:
+        tensor = {"name": "X", "shape": [2, 2], "datatype": "FP32"}
+        answer = client.post(
+            "/v2/models/caller/infer", json={"inputs": [{**tensor, "data": x.ravel().tolist()}]}
+        )
+        assert answer.status_code == 200, answer.text
+        # 2 * (2x) + 2 * (x + 1)
+        assert answer.json()["outputs"][0]["data"] == (6 * x + 2).ravel().tolist()
+        failed = client.post(
+            "/v2/models/caller/infer", json={"inputs": [{**tensor, "data": (-x).ravel().tolist()}]}
+        )
+        assert failed.status_code == 404
+        assert failed.json() == {"error": "Request for unknown model: 'missing' is not found"}

@@ -7,9 +7,9 @@ requests and answer them: :class:`Tensor`, :class:`InferenceRequest` (the reques
 ``execute`` gets), :class:`InferenceResponse`, :class:`TritonError`,
 :class:`TritonModelException`, ``get_input_tensor_by_name``, ``get_output_tensor_by_name``,
 ``get_input_config_by_name``, ``get_output_config_by_name``, ``triton_string_to_numpy``,
-``numpy_to_triton_type``, :class:`Logger` and the flag constants. A Triton Python model
-that calls other models from ``execute`` (``InferenceRequest(...).exec()``, Triton's BLS)
-gets :class:`TritonModelException` saying so: the mesh runs pipelines as ensembles instead.
+``numpy_to_triton_type``, :class:`Logger` and the flag constants. A model calls another
+from ``execute`` with ``InferenceRequest(model_name=..., ...).exec()`` or ``async_exec()``
+(Triton's BLS, through the worker's :mod:`workers.bls`).
 """
 
 from __future__ import annotations
@@ -90,7 +90,7 @@ class Tensor:
 
 
 class InferenceRequest:
-    """One request of an ``execute`` call: its inputs, wanted outputs and parameters."""
+    """A request: one of an ``execute`` call's, or one a model makes to call another (BLS)."""
 
     def __init__(
         self,
@@ -99,7 +99,11 @@ class InferenceRequest:
         request_id: str = "",
         parameters: dict[str, Any] | str | None = None,
         is_cancelled: Callable[[], bool] | None = None,
-        **bls: Any,
+        *,
+        model_name: str = "",
+        model_version: int | str = -1,
+        timeout: int = 0,
+        **_: Any,
     ) -> None:
         self._inputs = list(inputs)
         self._outputs = list(requested_output_names)
@@ -107,7 +111,9 @@ class InferenceRequest:
         raw = parameters or {}
         self._parameters = raw if isinstance(raw, str) else json.dumps(raw)
         self._is_cancelled = is_cancelled or (lambda: False)
-        self._model = bls.get("model_name")
+        self._model = model_name
+        self._version = "" if model_version in (-1, "-1", "") else str(model_version)
+        self._timeout_us = timeout
         self.response_sender: Any = None  # a decoupled model's (workers.backends.triton_senders)
 
     def inputs(self) -> list[Tensor]:
@@ -130,7 +136,7 @@ class InferenceRequest:
         return self._parameters
 
     def timeout(self) -> int:
-        return 0
+        return self._timeout_us
 
     def is_cancelled(self) -> bool:
         return self._is_cancelled()
@@ -147,13 +153,52 @@ class InferenceRequest:
             )
         return self.response_sender
 
-    def exec(self, *args: Any, **kwargs: Any) -> Any:
-        raise TritonModelException(
-            f"calling model '{self._model}' from a Python model (Triton's BLS) is not served "
-            "by Weir: run the models as a pipeline (an ensemble) instead"
-        )
+    def exec(self, decoupled: bool = False) -> InferenceResponse:
+        """Call the model this request names and wait for its response (Triton's BLS)."""
+        client, args = self._call(decoupled)
+        return _response(client.call(*args))
 
-    async_exec = exec
+    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+        """``exec`` for an ``async def execute``: other calls go on while it waits."""
+        import asyncio
+
+        client, args = self._call(decoupled)
+        if client.loop is None:
+            raise TritonModelException("this worker cannot call other models yet: it is starting")
+        running = asyncio.run_coroutine_threadsafe(client.acall(*args), client.loop)
+        return _response(await asyncio.wrap_future(running))
+
+    def _call(self, decoupled: bool) -> tuple[Any, tuple[Any, ...]]:
+        from weir.tensors import Tensor as WireTensor
+        from workers import batch_wait, bls
+
+        if decoupled:
+            raise TritonModelException("a decoupled call to another model is not served by Weir")
+        client = bls.CLIENT
+        if client is None:
+            raise TritonModelException("calling other models needs a Weir worker")
+        inputs = {t.name(): WireTensor.from_numpy(t.as_numpy()) for t in self._inputs}
+        left_s = min(batch_wait.time_left_s(), client.default_timeout_s)
+        timeout_s = self._timeout_us / 1e6 if self._timeout_us else left_s
+        return client, (self._model, self._version, inputs, self._outputs, timeout_s)
+
+
+_CODES = {
+    "invalid": TritonError.INVALID_ARG,
+    "not_found": TritonError.NOT_FOUND,
+    "unavailable": TritonError.UNAVAILABLE,
+    "unsupported": TritonError.UNSUPPORTED,
+    "canceled": TritonError.CANCELLED,
+}
+
+
+def _response(reply: Any) -> InferenceResponse:
+    """A called model's reply as the response ``exec()`` returns."""
+    if reply.error is not None:
+        kind, message = reply.error
+        return InferenceResponse(error=TritonError(message, _CODES.get(kind, TritonError.INTERNAL)))
+    tensors = [Tensor(name, t.to_numpy()) for name, t in reply.outputs.items()]
+    return InferenceResponse(output_tensors=tensors)
 
 
 class InferenceResponse:

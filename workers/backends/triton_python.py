@@ -26,13 +26,15 @@ It imports ``triton_python_backend_utils`` (:mod:`workers.backends.pb_utils`, pu
   ``execute`` returns (:mod:`workers.backends.triton_senders`); the instance is held until
   every request of the batch has had its final flag.
 - ``finalize()`` runs when the instance's lane stops (an unload, the worker's end).
-- ``auto_complete_config`` is not called: the config must be complete. Calls to other
-  models from ``execute`` (BLS) are not served: ``exec()`` raises ``TritonModelException``
-  saying so.
+- ``execute`` may call other models (Triton's BLS: ``pb_utils.InferenceRequest(...).exec()``,
+  :mod:`workers.bls`), and may be ``async def`` to overlap such calls with ``async_exec()``.
+- ``auto_complete_config`` is not called: the config must be complete.
 """
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import json
 import logging
 from pathlib import Path
@@ -135,7 +137,10 @@ class TritonPythonBackend(ModelBackend):
     def _call_execute(self, requests: list[pb_utils.InferenceRequest]) -> Any:
         name = self.config.name
         try:
-            return self.model.execute(requests)
+            result = self.model.execute(requests)
+            if inspect.iscoroutine(result):  # ``async def execute``: its calls overlap
+                result = asyncio.run(result)
+            return result
         except WeirError:
             raise
         except Exception as exc:
