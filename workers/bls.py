@@ -21,6 +21,7 @@ import asyncio
 import itertools
 import logging
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from redis.exceptions import RedisError
@@ -40,6 +41,17 @@ READ_COUNT = 100  # replies taken per read
 ENSURE_EVERY_S = 5.0  # how often the reply stream is made again (a Redis that restarted)
 
 
+@dataclass(frozen=True, slots=True)
+class ModelCall:
+    """One call: the model (and version; empty: the latest), inputs, outputs, deadline."""
+
+    model: str
+    version: str
+    inputs: dict[str, Tensor]
+    outputs: list[str]
+    timeout_s: float
+
+
 class BlsClient:
     """One worker's calls to other models, and the reader of their replies."""
 
@@ -55,55 +67,33 @@ class BlsClient:
         self._ids = itertools.count()
         self._prefix = f"bls-{worker_id}-"
 
-    def call(
-        self,
-        model: str,
-        version: str,
-        inputs: dict[str, Tensor],
-        outputs: list[str],
-        timeout_s: float,
-    ) -> InferReply:
-        """Call ``model`` from a model's thread, and wait for its reply (or an error one)."""
+    def call(self, call: ModelCall) -> InferReply:
+        """Make ``call`` from a model's thread, and wait for its reply (or an error one)."""
         loop = self.loop
         if loop is None:
             raise Unavailable("this worker cannot call other models yet: it is starting")
-        running = asyncio.run_coroutine_threadsafe(
-            self.acall(model, version, inputs, outputs, timeout_s), loop
-        )
+        running = asyncio.run_coroutine_threadsafe(self.acall(call), loop)
         return running.result()  # acall gives up by itself at the deadline
 
-    async def acall(
-        self,
-        model: str,
-        version: str,
-        inputs: dict[str, Tensor],
-        outputs: list[str],
-        timeout_s: float,
-    ) -> InferReply:
+    async def acall(self, call: ModelCall) -> InferReply:
         """The call itself, in the worker's event loop; a failure as an error reply."""
         request_id = f"{self._prefix}{next(self._ids)}"
         try:
-            return await self._call(request_id, model, version, inputs, outputs, timeout_s)
+            return await self._call(request_id, call)
         except WeirError as exc:
-            return InferReply(request_id, model, version, error=(exc.kind, exc.message))
+            return InferReply(request_id, call.model, call.version, error=(exc.kind, exc.message))
         except RedisError as exc:
-            failure = Unavailable(f"cannot call model '{model}': {exc}")
-            return InferReply(request_id, model, version, error=(failure.kind, failure.message))
+            failure = Unavailable(f"cannot call model '{call.model}': {exc}")
+            error = (failure.kind, failure.message)
+            return InferReply(request_id, call.model, call.version, error=error)
 
-    async def _call(
-        self,
-        request_id: str,
-        model: str,
-        version: str,
-        inputs: dict[str, Tensor],
-        outputs: list[str],
-        timeout_s: float,
-    ) -> InferReply:
+    async def _call(self, request_id: str, call: ModelCall) -> InferReply:
         if self.repository is None:
             raise Unavailable("this worker cannot call other models yet: it is starting")
-        entry, version = self.repository.resolve(model, version or None)
+        entry, version = self.repository.resolve(call.model, call.version or None)
         if entry.config.is_ensemble:
-            raise NotFound(f"model '{model}' is a pipeline: call its steps")
+            raise NotFound(f"model '{call.model}' is a pipeline: call its steps")
+        inputs = call.inputs
         rows = next(iter(inputs.values())).shape[0] if inputs else 1
         batch = rows if entry.config.max_batch_size > 0 else 1
         request = InferRequest(
@@ -112,19 +102,19 @@ class BlsClient:
             version=version,
             inputs=inputs,
             reply_to=self.stream,
-            deadline_ms=int((time.time() + timeout_s) * 1000),
-            outputs=outputs,
+            deadline_ms=int((time.time() + call.timeout_s) * 1000),
+            outputs=call.outputs,
         )
         future: asyncio.Future[InferReply] = asyncio.get_running_loop().create_future()
         self.waiting[request_id] = future
         try:
             raise_errors(await self.link.call(stages.forward(request, batch)))
             try:
-                return await asyncio.wait_for(future, timeout_s)
+                return await asyncio.wait_for(future, call.timeout_s)
             except TimeoutError:
                 raise DeadlineExceeded(
-                    f"{DeadlineExceeded.TRITON_TEXT}: model '{model}' did not answer within "
-                    f"{timeout_s:g} s"
+                    f"{DeadlineExceeded.TRITON_TEXT}: model '{call.model}' did not answer "
+                    f"within {call.timeout_s:g} s"
                 ) from None
         finally:
             self.waiting.pop(request_id, None)

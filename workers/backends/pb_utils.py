@@ -155,20 +155,20 @@ class InferenceRequest:
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Call the model this request names and wait for its response (Triton's BLS)."""
-        client, args = self._call(decoupled)
-        return _response(client.call(*args))
+        client, call = self._call(decoupled)
+        return _response(client.call(call))
 
     async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
         """``exec`` for an ``async def execute``: other calls go on while it waits."""
         import asyncio
 
-        client, args = self._call(decoupled)
+        client, call = self._call(decoupled)
         if client.loop is None:
             raise TritonModelException("this worker cannot call other models yet: it is starting")
-        running = asyncio.run_coroutine_threadsafe(client.acall(*args), client.loop)
+        running = asyncio.run_coroutine_threadsafe(client.acall(call), client.loop)
         return _response(await asyncio.wrap_future(running))
 
-    def _call(self, decoupled: bool) -> tuple[Any, tuple[Any, ...]]:
+    def _call(self, decoupled: bool) -> tuple[Any, Any]:
         from weir.tensors import Tensor as WireTensor
         from workers import batch_wait, bls
 
@@ -180,7 +180,7 @@ class InferenceRequest:
         inputs = {t.name(): WireTensor.from_numpy(t.as_numpy()) for t in self._inputs}
         left_s = min(batch_wait.time_left_s(), client.default_timeout_s)
         timeout_s = self._timeout_us / 1e6 if self._timeout_us else left_s
-        return client, (self._model, self._version, inputs, self._outputs, timeout_s)
+        return client, bls.ModelCall(self._model, self._version, inputs, self._outputs, timeout_s)
 
 
 _CODES = {
