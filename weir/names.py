@@ -68,6 +68,11 @@ def reply_stream(gateway_id: str) -> str:
     return f"{PREFIX}:reply:{gateway_id}"
 
 
+def call_reply_stream(worker_id: str) -> str:
+    """Replies to the calls one worker's models made to other models (workers.bls)."""
+    return f"{PREFIX}:calls:{worker_id}"
+
+
 # A group's liveness registry is two keys under one hash tag, so the scripts of
 # weir.liveness that read and write both touch one Redis Cluster slot.
 def live_values(group: str) -> str:

@@ -58,7 +58,7 @@ class BlsClient:
     def __init__(self, settings: WorkerSettings, worker_id: str, link: HotLink) -> None:
         self.link = link  # sends, on the worker's link
         self.reply_link = open_link(settings.redis_url, settings.redis_timeout_s)
-        self.stream = names.reply_stream(f"bls-{worker_id}")
+        self.stream = names.call_reply_stream(worker_id)
         self.block_ms = settings.block_ms
         self.default_timeout_s = 60.0
         self.repository: Repository | None = None  # the worker's, as it follows it
@@ -70,8 +70,9 @@ class BlsClient:
     def call(self, call: ModelCall) -> InferReply:
         """Make ``call`` from a model's thread, and wait for its reply (or an error one)."""
         loop = self.loop
-        if loop is None:
-            raise Unavailable("this worker cannot call other models yet: it is starting")
+        if loop is None or loop.is_closed():
+            error = Unavailable("this worker cannot call other models: it is not running")
+            return InferReply("", call.model, call.version, error=(error.kind, error.message))
         running = asyncio.run_coroutine_threadsafe(self.acall(call), loop)
         return running.result()  # acall gives up by itself at the deadline
 

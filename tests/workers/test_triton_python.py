@@ -19,6 +19,7 @@ import pytest
 
 from tests.conftest import free_port
 from tests.weir_up import weir_up
+from workers import bls
 from workers.backends import pb_utils
 
 CONFIG = """
@@ -152,7 +153,8 @@ def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -
     assert (tmp_path / "models" / "add_sub" / "finalized").read_text() == "done"
 
 
-def test_calls_weir_does_not_serve_say_so() -> None:
+def test_calls_weir_does_not_serve_say_so(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(bls, "CLIENT", None)  # no worker runs in this process
     with pytest.raises(pb_utils.TritonModelException, match="needs a Weir worker"):
         pb_utils.InferenceRequest(model_name="other", requested_output_names=["Y"]).exec()
     with pytest.raises(pb_utils.TritonModelException, match="decoupled call"):
