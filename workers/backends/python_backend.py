@@ -219,12 +219,11 @@ def load_python(config: ModelConfig, version_dir: Path, device: int | None) -> M
     A Triton Python model is :mod:`workers.backends.triton_python`'s.
     """
     from workers.backends import pb_utils
+    from workers.backends.triton_python import MODULE_NAME, TritonPythonBackend
 
-    sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+    sys.modules.setdefault(MODULE_NAME, pb_utils)
     module = _load_module(config.name, version_dir, model_path(config, version_dir))
     if hasattr(module, "TritonPythonModel"):
-        from workers.backends.triton_python import TritonPythonBackend
-
         return TritonPythonBackend(config, version_dir, module, device)
     return PythonBackend(config, version_dir, device, module)
 

@@ -45,11 +45,7 @@ import numpy as np
 
 from weir.config import ModelConfig
 from weir.config_json import config_json
-from weir.errors import (
-    ConfigError,
-    ServerError,
-    WeirError,
-)
+from weir.errors import ConfigError, ServerError, WeirError
 from workers import batch_wait
 from workers.backends import pb_utils
 from workers.backends.base import ModelBackend
@@ -57,7 +53,7 @@ from workers.backends.triton_senders import ResponseSender, error_of, finish
 
 logger = logging.getLogger(__name__)
 
-MODULE_NAME = "triton_python_backend_utils"
+MODULE_NAME = "triton_python_backend_utils"  # what Triton Python models import
 
 
 class TritonPythonBackend(ModelBackend):
