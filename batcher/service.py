@@ -78,9 +78,7 @@ class Batcher(Service):
 
     async def startup(self) -> None:
         if self.settings.model_control_mode is ControlMode.NONE:
-            repository = Repository.load(
-                self.settings.repository, self.settings.default_max_batch_size
-            )
+            repository = Repository.load(self.settings.repository, self.settings.completion)
         else:
             repository = self._repository(await self.follower.first()) or self._empty()
         await self._serve(repository)

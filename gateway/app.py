@@ -170,7 +170,7 @@ def _model_store(settings: GatewaySettings) -> ModelStore | None:
 def _startup_repository(settings: GatewaySettings) -> Repository:
     """Mode none: the repository's files; a control mode: nothing until the desired state."""
     if settings.model_control_mode is ControlMode.NONE:
-        return Repository.load(settings.repository, settings.default_max_batch_size)
+        return Repository.load(settings.repository, settings.completion)
     return Repository(settings.repository.resolve(), {})
 
 

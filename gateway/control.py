@@ -50,7 +50,7 @@ class ControlLoop:
         self.controller = Controller(
             redis,
             settings.repository,
-            settings.default_max_batch_size,
+            settings.completion,
             settle_s=SETTLE_PERIODS * settings.control_refresh_s,
         )
         self.uploads_dir = settings.uploads_dir or uploads.default_dir()

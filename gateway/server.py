@@ -183,7 +183,7 @@ def _child(settings: GatewaySettings, sockets: list[socket.socket]) -> None:
 def _startup_models(settings: GatewaySettings) -> Repository | list[ModelEntry]:
     if settings.model_control_mode is not ControlMode.NONE:
         return []  # the collector follows the desired state
-    return Repository.load(settings.repository, settings.default_max_batch_size)
+    return Repository.load(settings.repository, settings.completion)
 
 
 def _parent_metrics(settings: GatewaySettings) -> MetricsServer | None:

@@ -2,7 +2,8 @@
 
 For a backend whose files carry a signature (ONNX Runtime, OpenVINO), a config that lacks
 ``input`` or ``output`` (or a model with no config file at all) is completed from the model
-file of its latest served version, as Triton's backends do:
+file of its latest served version, as Triton's backends do (a Triton Python model completes
+its own config: :mod:`weir.python_autocomplete`):
 
 - the model can batch when every input and output has a dynamic first dimension; then a
   ``max_batch_size`` left at 0 becomes the default (Triton's ``default-max-batch-size``, 4;
@@ -27,6 +28,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from weir import datatypes
+from weir.completion import Completion
 from weir.config import (
     BACKEND_ALIASES,
     Backend,
@@ -38,10 +40,10 @@ from weir.config_parameters import flatten_parameters
 from weir.errors import ConfigError
 from weir.onnx_file import read_onnx_signature
 from weir.openvino_file import read_openvino_signature
+from weir.python_autocomplete import complete_python, defines_hook
 from weir.signature import ModelSignature, TensorSignature
 from weir.torchserve import envelope
 
-DEFAULT_MAX_BATCH_SIZE = 4
 SKIP_OV_DYNAMIC_BATCH = "SKIP_OV_DYNAMIC_BATCHSIZE"
 SKIP_DYNAMIC_BATCH = "SKIP_DYNAMIC_BATCHSIZE"  # the name in Triton's first OpenVINO backend
 # Each backend's model file in a version directory, unless default_model_filename says.
@@ -65,21 +67,29 @@ def model_path(config: ModelConfig, version_dir: Path) -> Path:
 
 
 def guess_backend(model_dir: Path, versions: list[int]) -> str | None:
-    """For a model with no config: the backend whose model file its newest version holds."""
+    """For a model with no config: the backend whose model file its newest version holds.
+
+    A Triton Python model that completes its own config needs no config file either.
+    """
     for version in sorted(versions, reverse=True):
         for backend, filename in DEFAULT_FILENAMES.items():
             if backend in READERS and (model_dir / str(version) / filename).is_file():
                 return backend.value
+        if defines_hook(model_dir / str(version) / DEFAULT_FILENAMES[Backend.PYTHON]):
+            return Backend.PYTHON.value
     return None
 
 
 def complete(
-    raw: dict[str, Any], model_dir: Path, versions: list[int], default_max_batch_size: int
+    raw: dict[str, Any], model_dir: Path, versions: list[int], completion: Completion
 ) -> dict[str, Any]:
     """``raw`` (a parsed config) with what it lacks filled from the model, where it can be."""
+    default_max_batch_size = completion.default_max_batch_size
     backend = BACKEND_ALIASES.get(str(raw.get("backend") or raw.get("platform")))
     if backend is Backend.TORCHSERVE:
         return complete_torchserve(raw, default_max_batch_size)
+    if backend is Backend.PYTHON:
+        return _complete_python(raw, model_dir, versions, completion.python_timeout_s)
     reader = READERS.get(backend) if backend else None
     if reader is None or backend is None or (raw.get("input") and raw.get("output")):
         return raw
@@ -98,6 +108,19 @@ def complete(
         if not raw.get(field):
             filled[field] = [_spec(signature, t, batching) for t in tensors]
     return filled
+
+
+def _complete_python(
+    raw: dict[str, Any], model_dir: Path, versions: list[int], timeout_s: float
+) -> dict[str, Any]:
+    version = _latest_served(raw, versions)
+    if version is None:
+        return raw
+    filename = str(raw.get("default_model_filename") or DEFAULT_FILENAMES[Backend.PYTHON])
+    path = model_dir / str(version) / filename
+    if not defines_hook(path):
+        return raw
+    return complete_python(raw, model_dir.name, path, timeout_s)
 
 
 def complete_torchserve(raw: dict[str, Any], default_max_batch_size: int) -> dict[str, Any]:

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from weir import autocomplete
+from weir.completion import Completion
 from weir.config import ModelConfig, config_from_raw, read_yaml
 from weir.ensemble import check_ensemble
 from weir.errors import ConfigError, NotFound
@@ -32,6 +33,7 @@ PBTXT_FILE = "config.pbtxt"
 OVERRIDE_SOURCE = "(config of the load request)"
 # What an ensemble without a version directory serves.
 ENSEMBLE_VERSION = 1
+DEFAULT_COMPLETION = Completion()
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,20 +87,18 @@ class Repository:
         self.models = models
 
     @classmethod
-    def load(
-        cls, root: Path | str, default_max_batch_size: int = autocomplete.DEFAULT_MAX_BATCH_SIZE
-    ) -> Repository:
+    def load(cls, root: Path | str, completion: Completion = DEFAULT_COMPLETION) -> Repository:
         """Every model under ``root``.
 
-        ``default_max_batch_size``: what auto-complete gives a model that can batch when its
-        config sets no ``max_batch_size``.
+        ``completion``: how auto-complete fills what configs leave out (the default
+        ``max_batch_size`` of a model that can batch, a Python model's hook's time limit).
         """
         root = Path(root).resolve()
         if not root.is_dir():
             raise ConfigError(f"{root}: model repository is not a directory")
         models = {}
         for model_dir in model_dirs(root):
-            entry = load_model(root, model_dir.name, default_max_batch_size)
+            entry = load_model(root, model_dir.name, completion)
             models[entry.name] = entry
         return cls.of(root, models)
 
@@ -167,7 +167,7 @@ def model_dirs(root: Path) -> list[Path]:
 def load_model(
     root: Path,
     name: str,
-    default_max_batch_size: int = autocomplete.DEFAULT_MAX_BATCH_SIZE,
+    completion: Completion = DEFAULT_COMPLETION,
     override: dict[str, Any] | None = None,
 ) -> ModelEntry:
     """One model of the repository at ``root``; ``override``: a config that replaces its file's.
@@ -177,13 +177,13 @@ def load_model(
     model_dir = root / name
     if not name or name != model_dir.name or not model_dir.is_dir():
         raise ConfigError(f"{root}: no model directory named '{shown(name)}'")
-    entry = _load_model(model_dir, default_max_batch_size, override)
+    entry = _load_model(model_dir, completion, override)
     _check_inside(root, entry)
     return entry
 
 
 def _load_model(
-    model_dir: Path, default_max_batch_size: int, override: dict[str, Any] | None = None
+    model_dir: Path, completion: Completion, override: dict[str, Any] | None = None
 ) -> ModelEntry:
     config_path = _config_path(model_dir)
     raw = _read_raw(model_dir, config_path) if override is None else dict(override)
@@ -197,7 +197,7 @@ def _load_model(
             )
         raw["backend"] = backend
     source = model_dir / OVERRIDE_SOURCE if override is not None else config_path or model_dir
-    raw = autocomplete.complete(raw, model_dir, available, default_max_batch_size)
+    raw = autocomplete.complete(raw, model_dir, available, completion)
     config = config_from_raw(raw, source, model_dir.name)
     if config.is_ensemble and not available:
         available = [ENSEMBLE_VERSION]

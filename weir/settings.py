@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from weir.completion import DEFAULT_PYTHON_TIMEOUT_S, Completion
 from weir.control.mode import ControlMode
 from weir.redis_io import redis_target
 from weir.torchserve.gateway_settings import TorchServeGatewaySettings
@@ -104,6 +105,18 @@ class ServiceSettings(BaseSettings):
         description="max_batch_size that auto-complete gives a model that can batch when its "
         "config sets none (Triton's --backend-config=default-max-batch-size)",
     )
+    autocomplete_timeout_s: float = _shared(
+        "autocomplete_timeout_s",
+        DEFAULT_PYTHON_TIMEOUT_S,
+        gt=0,
+        description="longest a Triton Python model's auto_complete_config may run (in a "
+        "process of its own) before its model fails to load",
+    )
+
+    @property
+    def completion(self) -> Completion:
+        """How this service's repository reads complete configs."""
+        return Completion(self.default_max_batch_size, self.autocomplete_timeout_s)
 
     @property
     def load_models(self) -> list[str]:

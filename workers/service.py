@@ -141,7 +141,7 @@ class Worker(Service):
             await self._follow(await self.follower.first())
         else:
             await self._load_all(
-                Repository.load(self.settings.repository, self.settings.default_max_batch_size)
+                Repository.load(self.settings.repository, self.settings.completion)
             )
         await self.heartbeat.beat()
 

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.weir import onnx_models
+from weir.completion import Completion
 from weir.errors import ConfigError
 from weir.repository import Repository
 
@@ -43,7 +44,8 @@ def test_a_model_with_no_config_is_completed_as_triton_does(tmp_path: Path) -> N
 
 def test_the_default_max_batch_size_is_a_setting(tmp_path: Path) -> None:
     onnx_model(tmp_path, "addsub", onnx_models.add_sub())
-    config = Repository.load(tmp_path, default_max_batch_size=16).models["addsub"].config
+    repository = Repository.load(tmp_path, Completion(default_max_batch_size=16))
+    config = repository.models["addsub"].config
     assert config.max_batch_size == 16
 
 

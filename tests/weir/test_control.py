@@ -20,6 +20,7 @@ from redis.asyncio import Redis
 
 from tests.sleeper import ECHO
 from weir import names
+from weir.completion import Completion
 from weir.control.controller import Controller
 from weir.control.desired import DesiredModel, DesiredState, DesiredStore
 from weir.control.resolve import parse_weights, resolve
@@ -171,11 +172,11 @@ async def test_an_update_that_changes_nothing_keeps_the_generation(redis: Redis)
 
 def test_a_versions_stamp_changes_with_its_files_and_only_then(tmp_path: Path) -> None:
     write_python_model(tmp_path, "echo", ("1", "2"), policy="version_policy: {all: {}}")
-    before = resolve(tmp_path, "echo", 4)
+    before = resolve(tmp_path, "echo", Completion())
 
-    assert resolve(tmp_path, "echo", 4).stamps == before.stamps
+    assert resolve(tmp_path, "echo", Completion()).stamps == before.stamps
     touch_later(tmp_path / "echo" / "2" / "model.py")
-    after = resolve(tmp_path, "echo", 4)
+    after = resolve(tmp_path, "echo", Completion())
 
     assert before.versions == after.versions == ("1", "2")
     assert after.stamps["1"] == before.stamps["1"]
@@ -184,10 +185,10 @@ def test_a_versions_stamp_changes_with_its_files_and_only_then(tmp_path: Path) -
 
 def test_a_change_of_the_config_file_changes_every_versions_stamp(tmp_path: Path) -> None:
     write_python_model(tmp_path, "echo", ("1", "2"), policy="version_policy: {all: {}}")
-    before = resolve(tmp_path, "echo", 4)
+    before = resolve(tmp_path, "echo", Completion())
 
     touch_later(tmp_path / "echo" / "config.yaml")
-    after = resolve(tmp_path, "echo", 4)
+    after = resolve(tmp_path, "echo", Completion())
 
     assert all(after.stamps[v] != before.stamps[v] for v in ("1", "2"))
 
@@ -226,7 +227,7 @@ async def test_poll_serves_a_new_version_directory_in_place_of_the_old(
     redis: Redis, tmp_path: Path
 ) -> None:
     write_python_model(tmp_path, "echo", ("1",))
-    controller = Controller(redis, tmp_path, 4, settle_s=0)
+    controller = Controller(redis, tmp_path, Completion(), settle_s=0)
     first = await controller.poll_once()
     assert first.models["echo"].versions == ("1",)
     assert await serving(redis, "echo") == {"1"}
@@ -244,7 +245,7 @@ async def test_poll_of_an_unchanged_repository_keeps_the_generation(
     redis: Redis, tmp_path: Path
 ) -> None:
     write_python_model(tmp_path, "echo", ("1",))
-    controller = Controller(redis, tmp_path, 4, settle_s=0)
+    controller = Controller(redis, tmp_path, Completion(), settle_s=0)
     first = await controller.poll_once()
 
     again = await controller.poll_once()
@@ -257,7 +258,7 @@ async def test_poll_stops_serving_a_removed_model_and_says_why(
 ) -> None:
     write_python_model(tmp_path, "echo", ("1",))
     write_python_model(tmp_path, "other", ("1",))
-    controller = Controller(redis, tmp_path, 4, settle_s=0)
+    controller = Controller(redis, tmp_path, Completion(), settle_s=0)
     await controller.poll_once()
 
     shutil.rmtree(tmp_path / "echo")
@@ -275,7 +276,7 @@ async def test_poll_keeps_why_a_broken_model_is_not_served_and_serves_the_rest(
     write_python_model(tmp_path, "echo", ("1",))
     (tmp_path / "broken" / "1").mkdir(parents=True)
     (tmp_path / "broken" / "config.yaml").write_text("backend: python\nmax_batch_size: [8]\n")
-    controller = Controller(redis, tmp_path, 4, settle_s=0)
+    controller = Controller(redis, tmp_path, Completion(), settle_s=0)
 
     state = await controller.poll_once()
 
@@ -291,7 +292,7 @@ async def test_a_model_a_stale_settle_reopened_after_its_unload_is_closed_next_r
     # A control round settles the state it read at its start: one read before an unload
     # may reopen the model's versions after the unload closed them. With nothing left to
     # close them, its lanes could not retire (they wait for the model to admit nothing).
-    controller = Controller(redis, tmp_path, 4, settle_s=0)
+    controller = Controller(redis, tmp_path, Completion(), settle_s=0)
     before = DesiredState().with_model(model("kept")).with_model(model("gone"))
     after = DesiredState().with_model(model("kept"))
     await controller.settle(before, MeshView())

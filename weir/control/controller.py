@@ -22,6 +22,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from weir import names
+from weir.completion import Completion
 from weir.control.desired import Change, DesiredModel, DesiredState, DesiredStore
 from weir.control.resolve import check_weights, model_signature, resolve, steps_of
 from weir.control.uploads import UPLOAD_PREFIX
@@ -41,13 +42,13 @@ class Controller:
         self,
         redis: Redis,
         root: Path,
-        default_max_batch_size: int,
+        completion: Completion,
         settle_s: float,
     ) -> None:
         self.redis = redis
         self.store = DesiredStore(redis)
         self.root = root.resolve()
-        self.default_max_batch_size = default_max_batch_size
+        self.completion = completion
         self.settle_s = settle_s  # how long successors are served before a version closes
         self.signatures: dict[str, str] = {}
         self.ready_since: dict[tuple[str, tuple[str, ...]], float] = {}
@@ -97,13 +98,13 @@ class Controller:
     def _resolve_tree(
         self, name: str, override: dict[str, Any] | None, root: Path | None
     ) -> list[DesiredModel]:
-        first = resolve(root or self.root, name, self.default_max_batch_size, override)
+        first = resolve(root or self.root, name, self.completion, override)
         models = {name: first}
         pending = steps_of(first)
         while pending:
             step = pending.pop()
             if step not in models:
-                models[step] = resolve(self.root, step, self.default_max_batch_size)
+                models[step] = resolve(self.root, step, self.completion)
                 pending.extend(steps_of(models[step]))
         return list(models.values())
 
@@ -184,7 +185,7 @@ class Controller:
         loaded, failed = [], {}
         for name in names_:
             try:
-                model = resolve(self.root, name, self.default_max_batch_size)
+                model = resolve(self.root, name, self.completion)
             except ConfigError as exc:
                 failed[name] = str(exc)
                 logger.error("cannot load model %s: %s", name, exc)

@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from weir.completion import Completion
 from weir.control.desired import DesiredModel
 from weir.errors import ConfigError
 from weir.repository import ModelEntry, load_model
@@ -24,7 +25,7 @@ SKIPPED_DIRS = frozenset({"__pycache__"})
 def resolve(
     root: Path,
     name: str,
-    default_max_batch_size: int,
+    completion: Completion,
     override: dict[str, Any] | None = None,
     weights: dict[str, int] | None = None,
 ) -> DesiredModel:
@@ -32,7 +33,7 @@ def resolve(
 
     ConfigError for anything wrong with it, naming the file and the field.
     """
-    entry = load_model(root, name, default_max_batch_size, override)
+    entry = load_model(root, name, completion, override)
     config = entry.config.model_dump(mode="json", exclude_defaults=True)
     config["backend"] = entry.config.backend.value
     config_hash = _digest(json.dumps(config, sort_keys=True).encode(), files_signature(entry.path))

@@ -7,7 +7,8 @@ requests and answer them: :class:`Tensor`, :class:`InferenceRequest` (the reques
 ``execute`` gets), :class:`InferenceResponse`, :class:`TritonError`,
 :class:`TritonModelException`, ``get_input_tensor_by_name``, ``get_output_tensor_by_name``,
 ``get_input_config_by_name``, ``get_output_config_by_name``, ``triton_string_to_numpy``,
-``numpy_to_triton_type``, :class:`Logger` and the flag constants. A model calls another
+``numpy_to_triton_type``, :class:`Logger` and the flag constants, and :class:`ModelConfig`
+for ``auto_complete_config``. A model calls another
 from ``execute`` with ``InferenceRequest(model_name=..., ...).exec()`` or ``async_exec()``
 (Triton's BLS, through the worker's :mod:`workers.bls`).
 """
@@ -22,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from weir import datatypes
+from workers.backends.pb_model_config import ModelConfig as ModelConfig  # Triton's name
 
 logger = logging.getLogger("triton_python_model")
 

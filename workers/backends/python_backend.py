@@ -149,7 +149,7 @@ class PythonBackend(ModelBackend):
         self.device = device
         self.path = model_path(config, version_dir)
         if module is None:
-            module = _load_module(config.name, version_dir, self.path)
+            module = load_module(config.name, version_dir, self.path)
         handler_class = find_handler_class(module, self.path)
         context = HandlerContext(
             config.name, version_dir.name, version_dir, config, dict(config.parameters), device
@@ -222,13 +222,13 @@ def load_python(config: ModelConfig, version_dir: Path, device: int | None) -> M
     from workers.backends.triton_python import MODULE_NAME, TritonPythonBackend
 
     sys.modules.setdefault(MODULE_NAME, pb_utils)
-    module = _load_module(config.name, version_dir, model_path(config, version_dir))
+    module = load_module(config.name, version_dir, model_path(config, version_dir))
     if hasattr(module, "TritonPythonModel"):
         return TritonPythonBackend(config, version_dir, module, device)
     return PythonBackend(config, version_dir, device, module)
 
 
-def _load_module(model_name: str, version_dir: Path, path: Path) -> ModuleType:
+def load_module(model_name: str, version_dir: Path, path: Path) -> ModuleType:
     """Import ``model.py`` by path, under a module name of its own for every load."""
     if not path.is_file():
         raise ConfigError(f"{version_dir}: no {path.name}")

@@ -28,7 +28,8 @@ It imports ``triton_python_backend_utils`` (:mod:`workers.backends.pb_utils`, pu
 - ``finalize()`` runs when the instance's lane stops (an unload, the worker's end).
 - ``execute`` may call other models (Triton's BLS: ``pb_utils.InferenceRequest(...).exec()``,
   :mod:`workers.bls`), and may be ``async def`` to overlap such calls with ``async_exec()``.
-- ``auto_complete_config`` is not called: the config must be complete.
+- ``auto_complete_config`` has filled the config before any service read it
+  (:mod:`weir.python_autocomplete`).
 """
 
 from __future__ import annotations
@@ -67,8 +68,6 @@ class TritonPythonBackend(ModelBackend):
         self.batches = config.max_batch_size > 0
         path = version_dir / "model.py"
         self.model = module.TritonPythonModel()
-        if hasattr(self.model, "auto_complete_config"):
-            logger.info("model %s: auto_complete_config is not called", config.name)
         args = {
             "model_config": json.dumps(config_json(config)),
             "model_instance_kind": "CPU" if device is None else "GPU",
