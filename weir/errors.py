@@ -51,6 +51,11 @@ class WeirError(Exception):
         return HTTP_STATUS[self.kind]
 
     @property
+    def pair(self) -> tuple[str, str]:
+        """``(kind, message)``: how the error crosses the mesh (:meth:`of_kind` reads it)."""
+        return (self.kind, self.message)
+
+    @property
     def headers(self) -> dict[str, str]:
         """HTTP headers that go with this error's response."""
         return {}

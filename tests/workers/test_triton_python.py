@@ -157,7 +157,7 @@ def test_calls_weir_does_not_serve_say_so(monkeypatch: pytest.MonkeyPatch) -> No
     monkeypatch.setattr(bls, "CLIENT", None)  # no worker runs in this process
     with pytest.raises(pb_utils.TritonModelException, match="needs a Weir worker"):
         pb_utils.InferenceRequest(model_name="other", requested_output_names=["Y"]).exec()
-    with pytest.raises(pb_utils.TritonModelException, match="decoupled call"):
+    with pytest.raises(pb_utils.TritonModelException, match="needs a Weir worker"):
         pb_utils.InferenceRequest(model_name="other").exec(decoupled=True)
     with pytest.raises(pb_utils.TritonModelException, match="only a decoupled model"):
         pb_utils.InferenceRequest().get_response_sender()

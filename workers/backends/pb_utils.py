@@ -155,27 +155,35 @@ class InferenceRequest:
             )
         return self.response_sender
 
-    def exec(self, decoupled: bool = False) -> InferenceResponse:
-        """Call the model this request names and wait for its response (Triton's BLS)."""
-        client, call = self._call(decoupled)
+    def exec(self, decoupled: bool = False) -> Any:
+        """Call the model this request names and wait for its response (Triton's BLS).
+
+        ``decoupled=True``: a :class:`ResponseIterator` of its responses, as they come.
+        """
+        client, call = self._call()
+        if decoupled:
+            return ResponseIterator(client.call_decoupled(call))
         return _response(client.call(call))
 
-    async def async_exec(self, decoupled: bool = False) -> InferenceResponse:
+    async def async_exec(self, decoupled: bool = False) -> Any:
         """``exec`` for an ``async def execute``: other calls go on while it waits."""
         import asyncio
 
-        client, call = self._call(decoupled)
+        client, call = self._call()
         if client.loop is None:
             raise TritonModelException("this worker cannot call other models yet: it is starting")
+        if decoupled:
+            stream = client.new_stream(call)
+            sent = asyncio.run_coroutine_threadsafe(client.astream(stream), client.loop)
+            await asyncio.wrap_future(sent)
+            return ResponseIterator(stream)
         running = asyncio.run_coroutine_threadsafe(client.acall(call), client.loop)
         return _response(await asyncio.wrap_future(running))
 
-    def _call(self, decoupled: bool) -> tuple[Any, Any]:
+    def _call(self) -> tuple[Any, Any]:
         from weir.tensors import Tensor as WireTensor
         from workers import batch_wait, bls
 
-        if decoupled:
-            raise TritonModelException("a decoupled call to another model is not served by Weir")
         client = bls.CLIENT
         if client is None:
             raise TritonModelException("calling other models needs a Weir worker")
@@ -201,6 +209,31 @@ def _response(reply: Any) -> InferenceResponse:
         return InferenceResponse(error=TritonError(message, _CODES.get(kind, TritonError.INTERNAL)))
     tensors = [Tensor(name, t.to_numpy()) for name, t in reply.outputs.items()]
     return InferenceResponse(output_tensors=tensors)
+
+
+class ResponseIterator:
+    """A decoupled call's responses (``exec(decoupled=True)``), each as it comes.
+
+    The called model's responses, then a last one that ends the call: empty when the model
+    sent all its responses before its final flag (Triton's decoupled models), the answer of
+    a model that is not decoupled, or the error that ended the call.
+    """
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream  # a workers.bls.CallStream
+
+    def __iter__(self) -> ResponseIterator:
+        return self
+
+    def __next__(self) -> InferenceResponse:
+        reply = self._stream.next()
+        if reply is None:
+            raise StopIteration
+        return _response(reply)
+
+    def cancel(self) -> None:
+        """No more responses are wanted: the called model's ``is_cancelled()`` says so."""
+        self._stream.cancel()
 
 
 class InferenceResponse:
