@@ -27,6 +27,7 @@ from gateway.metrics import RequestMetrics
 from gateway.metrics_server import ScrapeLimits
 from gateway.reply_streams import ReplyStreams
 from gateway.repository_routes import router as repository_router
+from gateway.response_cache import CacheCounts, ResponseCache
 from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.shared_memory_routes import router as shared_memory_router
@@ -107,7 +108,21 @@ def create_app(
             settings.shared_memory_max_regions, settings.shared_memory_max_region_bytes
         )
         front = TorchServeFront(store)
-        state = GatewayState(settings, catalog, redis, mesh, metrics, shm, control, front)
+        cache_bytes = settings.response_cache_bytes
+        counts = CacheCounts(redis)
+        tasks.spawn(counts.run(), "response cache statistics")
+        state = GatewayState(
+            settings,
+            catalog,
+            redis,
+            mesh,
+            metrics,
+            shm,
+            control,
+            front,
+            cache=ResponseCache(cache_bytes) if cache_bytes else None,
+            cache_counts=counts,
+        )
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the
         # gateway is kept out of the collector's full collections.
@@ -128,6 +143,7 @@ def create_app(
             control.stop()
             # Tasks first: the reply-streams task would make the stream close() deletes again.
             await tasks.cancel_all(settings.shutdown_grace_s)
+            await counts.flush()
             await mesh.close()
             await reply_streams.stop()
             await redis.aclose()

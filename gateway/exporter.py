@@ -91,6 +91,7 @@ class MeshCollector(Collector):
         batch = HistogramMetricFamily(
             "weir_inference_batch_size", "Batch sizes executed by the workers", labels=labels
         )
+        cache = _cache_families()
         for (model, version), recorded, waiting in zip(lanes, stats, queued, strict=True):
             counts = {k.decode(): int(v) for k, v in recorded.items()}
             executions.add_metric([model, version], counts.get(Field.EXECUTION_COUNT, 0))
@@ -98,7 +99,12 @@ class MeshCollector(Collector):
             pending.add_metric([model, version], max(int(waiting or 0), 0))
             inferred = counts.get(Field.INFERENCE_COUNT, 0)
             batch.add_metric([model, version], _buckets(counts), inferred)
+            cached = Field.CACHE_HIT_COUNT in counts or Field.CACHE_MISS_COUNT in counts
+            for family, field, scale in cache if cached else ():
+                value = counts.get(field, 0) / scale
+                family.add_sample(family.name, {"model": model, "version": version}, value)
         yield from (executions, inferences, pending, batch)
+        yield from (family for family, _, _ in cache if family.samples)  # a model's cache
         yield from self._gpus()
         yield from self._handlers()
 
@@ -175,3 +181,26 @@ class MetricsServer:
             self.server.server_close()
         if self.thread is not None:
             self.thread.join(5)
+
+
+def _cache_families() -> list[tuple[Metric, str, float]]:
+    """Triton's response cache counters (its names, no ``_total``), with field and scale."""
+    return [
+        (Metric(name, text, "counter"), field, scale)
+        for name, text, field, scale in (
+            ("nv_cache_num_hits_per_model", "Response cache hits", Field.CACHE_HIT_COUNT, 1),
+            ("nv_cache_num_misses_per_model", "Response cache misses", Field.CACHE_MISS_COUNT, 1),
+            (
+                "nv_cache_hit_duration_per_model",
+                "Microseconds spent finding answers in the response cache",
+                Field.CACHE_HIT_NS,
+                1000,
+            ),
+            (
+                "nv_cache_miss_duration_per_model",
+                "Microseconds spent looking in the response cache and keeping answers there",
+                Field.CACHE_MISS_NS,
+                1000,
+            ),
+        )
+    ]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import time
 
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
@@ -28,8 +29,9 @@ from gateway.compression import BoundedDecoder, Coding
 from gateway.disconnect import SCOPE_KEY, Disconnect
 from gateway.parts import HTTP_DECOUPLED, PartListener, refuse_decoupled
 from gateway.raw_binary import parse_raw_body
+from gateway.response_cache import ResponseCache, request_key
 from gateway.state import GatewayState
-from gateway.validation import check_request, precheck_input
+from gateway.validation import check_request, model_parameters, precheck_input
 from weir.errors import BodyTooLarge, Canceled, InvalidInput, WeirError
 from weir.repository import ModelEntry
 from weir.tensors import Tensor
@@ -105,10 +107,43 @@ async def execute(
     outcome in the metrics. ``on_part`` takes the parts of a streamed answer (gateway.parts).
     """
     batch = check_request(entry.config, body)
-    reply = await state.mesh.infer(entry, version, body, batch, on_part)
-    reply.raise_for_error()
+    cache = state.cache if on_part is None and entry.config.caches_responses else None
+    if cache is None:
+        reply = await state.mesh.infer(entry, version, body, batch, on_part)
+        reply.raise_for_error()
+    else:
+        reply = await _through_cache(state, cache, entry, version, body, batch)
     reply.outputs = classification.apply(entry, body, reply.outputs)
     _check_response_size(entry, reply.outputs, state.settings.response_limit_bytes)
+    return reply
+
+
+async def _through_cache(
+    state: GatewayState,
+    cache: ResponseCache,
+    entry: ModelEntry,
+    version: str,
+    body: InferBody,
+    batch: int,
+) -> InferReply:
+    """The kept answer to ``body`` or, failing that, the mesh's, kept for the next."""
+    started_ns = time.perf_counter_ns()
+    wanted = [output.name for output in body.outputs]
+    parameters = model_parameters(body.parameters)
+    key = request_key(entry.name, version, body.inputs, wanted, parameters)
+    kept = cache.get(key)
+    looked_ns = time.perf_counter_ns() - started_ns
+    counts = state.cache_counts
+    if kept is not None:
+        if counts is not None:
+            counts.hit(entry.name, version, looked_ns, looked_ns)
+        return InferReply(body.id or "", entry.name, version, kept)
+    reply = await state.mesh.infer(entry, version, body, batch, None)
+    reply.raise_for_error()
+    keeping_ns = time.perf_counter_ns()
+    cache.put(key, reply.outputs)
+    if counts is not None:
+        counts.miss(entry.name, version, looked_ns + time.perf_counter_ns() - keeping_ns)
     return reply
 
 

@@ -92,13 +92,20 @@ def _inference_stats(counts: dict[str, int]) -> dict[str, dict[str, int]]:
     """Per request, as Triton counts them: each request counts its batch's compute time.
 
     ``success`` and ``fail`` take each request's whole time in the server, from the gateway
-    taking it to the worker recording it.
+    taking it to the worker recording it; an answer from a gateway's response cache is a
+    success too, and a ``cache_hit``, with no queue or compute time.
     """
     succeeded = counts.get(Field.SUCCESS_COUNT, 0)
     stats = {"success": {"count": succeeded, "ns": counts.get(Field.SUCCESS_NS, 0)}}
     stats["fail"] = {"count": counts.get(Field.FAIL_COUNT, 0), "ns": counts.get(Field.FAIL_NS, 0)}
+    computed = succeeded - counts.get(Field.CACHE_HIT_COUNT, 0)  # hits run no phase
     for phase in REQUEST_PHASES:
-        stats[phase.name] = {"count": succeeded, "ns": counts.get(phase_field(phase), 0)}
+        stats[phase.name] = {"count": computed, "ns": counts.get(phase_field(phase), 0)}
+    for name, count, ns in (
+        ("cache_hit", Field.CACHE_HIT_COUNT, Field.CACHE_HIT_NS),
+        ("cache_miss", Field.CACHE_MISS_COUNT, Field.CACHE_MISS_NS),
+    ):
+        stats[name] = {"count": counts.get(count, 0), "ns": counts.get(ns, 0)}
     return stats
 
 

@@ -59,6 +59,10 @@ class ScrapeLimits:
 # named; these get their own names back, so a parser types their samples as counters.
 UNSUFFIXED_COUNTERS = (
     "nv_energy_consumption",
+    "nv_cache_num_hits_per_model",
+    "nv_cache_num_misses_per_model",
+    "nv_cache_hit_duration_per_model",
+    "nv_cache_miss_duration_per_model",
     "ts_inference_latency_microseconds",
     "ts_queue_latency_microseconds",
     "Requests2XX",

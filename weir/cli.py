@@ -58,6 +58,15 @@ def _common(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _cache(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--cache-config",
+        action="append",
+        help="Triton's response cache, local,size=BYTES: answers kept in each gateway process "
+        "for models whose config enables response_cache (env WEIR_GATEWAY_RESPONSE_CACHE_BYTES)",
+    )
+
+
 def _torchserve(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model-store",
@@ -100,6 +109,7 @@ def _parser() -> argparse.ArgumentParser:
     up.add_argument("--gateway-processes", type=int, help="gateway processes (default 1)")
     up.add_argument("--cpu-workers", type=int, help="CPU worker pool processes (default 1)")
     up.add_argument("--batchers", type=int, help="batcher processes (default 1)")
+    _cache(up)
     _torchserve(up)
     up.add_argument(
         "--models",
@@ -124,6 +134,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     gateway.add_argument("--metrics-port", type=int, help="metrics port, 0 for none (8002)")
     gateway.add_argument("--processes", type=int, help="processes sharing the ports (1)")
+    _cache(gateway)
     _torchserve(gateway)
 
     batcher = commands.add_parser("batcher", help="the dynamic batcher")
@@ -157,7 +168,26 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     options = {k: v for k, v in vars(args).items() if k != "command" and v is not None}
     if isinstance(options.get("load_model"), list):
         options["load_model"] = ",".join(options["load_model"])
+    if "cache_config" in options:
+        options["response_cache_bytes"] = cache_bytes(options.pop("cache_config"))
     return options
+
+
+def cache_bytes(flags: list[str]) -> int:
+    """Triton's ``--cache-config local,size=N`` (repeatable) as the local cache's bytes."""
+    size = 0
+    for flag in flags:
+        kind, _, setting = flag.partition(",")
+        key, _, value = setting.partition("=")
+        if kind != "local":
+            raise ConfigError(
+                f"--cache-config {flag}: Weir's response cache is local to each gateway "
+                "process (local,size=BYTES)"
+            )
+        if key != "size" or not value.isdigit():
+            raise ConfigError(f"--cache-config {flag}: expected local,size=BYTES")
+        size = int(value)
+    return size
 
 
 def _run_up(options: dict[str, Any]) -> int:

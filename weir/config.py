@@ -29,7 +29,6 @@ logger = logging.getLogger(__name__)
 # Triton fields that a config may carry and Weir does not act on yet: loaded with a warning.
 IGNORED_TRITON_FIELDS = frozenset(
     {
-        "response_cache",
         "model_operations",
         "model_metrics",
         "metric_tags",
@@ -221,6 +220,12 @@ class TransactionPolicy(_Strict):
     decoupled: bool = False
 
 
+class ResponseCache(_Strict):
+    """``response_cache``: answers kept by the request's inputs (the gateway's cache)."""
+
+    enable: bool = False
+
+
 class ModelConfig(_Strict):
     """A model's ``config.yaml``: the subset of ``model_config.proto`` Weir implements."""
 
@@ -236,6 +241,7 @@ class ModelConfig(_Strict):
     ensemble_scheduling: EnsembleScheduling | None = None
     optimization: Optimization | None = None
     model_transaction_policy: TransactionPolicy | None = None
+    response_cache: ResponseCache | None = None
     # The model file in each version directory; empty: the backend's (model.onnx...).
     default_model_filename: str = ""
     # Samples each instance runs before it serves (workers.warmup).
@@ -263,6 +269,12 @@ class ModelConfig(_Strict):
     def decoupled(self) -> bool:
         policy = self.model_transaction_policy
         return policy is not None and policy.decoupled
+
+    @property
+    def caches_responses(self) -> bool:
+        """``response_cache { enable: true }`` and not decoupled (Triton caches no stream)."""
+        cache = self.response_cache
+        return cache is not None and cache.enable and not self.decoupled
 
     @property
     def max_input_bytes(self) -> int | None:

@@ -208,6 +208,13 @@ class GatewaySettings(ServiceSettings, TorchServeGatewaySettings):
         "maxmemory, so the rest is left for answering what was accepted (0: no check of the "
         "gateway's own; Redis refuses at maxmemory)",
     )
+    response_cache_bytes: int = Field(
+        0,
+        ge=0,
+        description="bytes of answers each gateway process keeps for models whose config "
+        "says response_cache { enable: true } (Triton's --cache-config local,size=N); "
+        "0: no cache",
+    )
     response_limit_bytes: int = Field(
         256 * 1024 * 1024,
         gt=0,

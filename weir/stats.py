@@ -66,6 +66,12 @@ class Field(StrEnum):
     FAIL_NS = "fail_ns"
     COMPUTE_NS = "compute_ns"  # wall time of the worker's batches
     LAST_INFERENCE = "last_inference"  # unix ms of the last successful backend call
+    # The gateways' response caches (gateway.response_cache): lookups that found an answer,
+    # and their time; lookups that did not, and the time of the lookup and the keeping.
+    CACHE_HIT_COUNT = "cache_hit_count"
+    CACHE_HIT_NS = "cache_hit_ns"
+    CACHE_MISS_COUNT = "cache_miss_count"
+    CACHE_MISS_NS = "cache_miss_ns"
 
 
 BATCH_SIZE_PREFIX = "batch_size:"

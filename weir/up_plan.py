@@ -60,6 +60,7 @@ class UpPlan:
             "WEIR_GATEWAY_GRPC_PORT": str(settings.grpc_port),
             "WEIR_GATEWAY_METRICS_PORT": str(settings.metrics_port),
             "WEIR_GATEWAY_PROCESSES": str(settings.gateway_processes),
+            "WEIR_GATEWAY_RESPONSE_CACHE_BYTES": str(settings.response_cache_bytes),
             "WEIR_MODEL_CONTROL_MODE": settings.model_control_mode.value,
             "WEIR_LOAD_MODEL": settings.load_model,
             "WEIR_REPOSITORY_POLL_SECS": str(settings.repository_poll_secs),

@@ -34,6 +34,9 @@ class UpSettings(ServiceSettings):
         description="the private Redis's maxmemory (policy noeviction: past it writes are "
         "refused, never Weir's streams evicted); 0: no limit",
     )
+    response_cache_bytes: int = Field(
+        0, ge=0, description="each gateway process's response cache (--cache-config local,size=N)"
+    )
     # TorchServe's way in (weir.torchserve.startup): a model store, its archives, its config.
     models: list[str] = Field(default_factory=list)
     ts_config: Path | None = None

@@ -165,7 +165,7 @@ def test_unsupported_fields_are_dropped_with_a_warning(
 ) -> None:
     text = (
         PLAIN_PBTXT.replace("dims: [ 3 ] } ]", "dims: [ 3 ] is_shape_tensor: true } ]")
-        + "response_cache { enable: true }\n"
+        + 'model_operations { op_library_filename: "libop.so" }\n'
     )
     path = write(tmp_path / "tiny", "config.pbtxt", text)
 
@@ -175,7 +175,14 @@ def test_unsupported_fields_are_dropped_with_a_warning(
     assert config.output[0].name == "OUTPUT0"
     warned = " ".join(r.getMessage() for r in caplog.records)
     assert "output[0].is_shape_tensor is not supported yet" in warned
-    assert "response_cache is not supported yet" in warned
+    assert "model_operations is not supported yet" in warned
+
+
+def test_the_response_cache_is_read(tmp_path: Path) -> None:
+    path = write(
+        tmp_path / "tiny", "config.pbtxt", PLAIN_PBTXT + "response_cache { enable: true }\n"
+    )
+    assert load_pbtxt(path, "tiny").caches_responses
 
 
 def test_repository_reads_pbtxt_when_there_is_no_yaml(tmp_path: Path) -> None:
