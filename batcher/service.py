@@ -30,6 +30,7 @@ from weir.control.follower import Follower, Retirement
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.liveness import Heartbeat, live_consumers
+from weir.log_settings import LogControl
 from weir.reclaim import Reclaimer
 from weir.redis_io.connection import connect
 from weir.redis_io.links import open_link
@@ -177,6 +178,8 @@ class Batcher(Service):
     async def run(self) -> None:
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        log = LogControl(self.redis, self.settings.log_level, self.settings.log_settings_refresh_s)
+        self.tasks.spawn(log.run(), "log settings")
         self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
         if self.settings.model_control_mode is not ControlMode.NONE:
             self.tasks.spawn(self.follower.run(self.should_exit), "follow desired state")

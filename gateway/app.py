@@ -22,6 +22,7 @@ from gateway.docs_routes import router as docs_router
 from gateway.errors import error_response
 from gateway.exporter import MeshCollector, MetricsServer
 from gateway.generate import router as generate_router
+from gateway.logging_routes import router as logging_router
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.metrics_server import ScrapeLimits
@@ -40,6 +41,7 @@ from gateway.torchserve.metrics import with_torchserve_names
 from weir import __version__
 from weir.control.mode import ControlMode
 from weir.errors import WeirError
+from weir.log_settings import LogControl
 from weir.redis_io.connection import connect
 from weir.repository import Repository
 from weir.service import TaskSet
@@ -111,6 +113,8 @@ def create_app(
         cache_bytes = settings.response_cache_bytes
         counts = CacheCounts(redis)
         tasks.spawn(counts.run(), "response cache statistics")
+        log = LogControl(redis, settings.log_level, settings.log_settings_refresh_s)
+        tasks.spawn(log.run(), "log settings")
         state = GatewayState(
             settings,
             catalog,
@@ -122,6 +126,7 @@ def create_app(
             front,
             cache=ResponseCache(cache_bytes) if cache_bytes else None,
             cache_counts=counts,
+            log=log,
         )
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the
@@ -164,6 +169,7 @@ def create_app(
     app.include_router(generate_router)
     app.include_router(shared_memory_router)
     app.include_router(repository_router)
+    app.include_router(logging_router)
     app.include_router(torchserve_inference_router)
     app.include_router(torchserve_management_router)
     app.include_router(api_description.inference_router)

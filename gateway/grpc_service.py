@@ -45,7 +45,7 @@ from gateway.shared_memory_routes import CUDA_UNAVAILABLE
 from gateway.state import GatewayState
 from gateway.validation import precheck_input
 from weir.config import ModelConfig as Config  # the servicer has a method ModelConfig
-from weir.errors import ErrorKind, NotFound, ServerError, WeirError
+from weir.errors import ErrorKind, NotFound, ServerError, Unavailable, WeirError
 
 logger = logging.getLogger(__name__)
 
@@ -299,8 +299,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
     CudaSharedMemoryStatus = _cuda_unavailable
     CudaSharedMemoryRegister = _cuda_unavailable
     CudaSharedMemoryUnregister = _cuda_unavailable
+
+    @_answers_errors
+    async def LogSettings(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        log = self.state.log
+        if log is None:
+            raise Unavailable("the server does not support dynamic logging")
+        change = {name: _setting(value) for name, value in request.settings.items()}
+        settings = await log.update(change) if change else await log.read()
+        response = service_pb2.LogSettingsResponse()
+        for name, value in settings.as_json().items():
+            kind = "bool_param" if isinstance(value, bool) else "string_param"
+            if isinstance(value, int) and not isinstance(value, bool):
+                kind = "uint32_param"
+            setattr(response.settings[name], kind, value)
+        return response
+
     TraceSetting = _unimplemented("the trace extension")
-    LogSettings = _unimplemented("the logging extension")
+
+
+def _setting(value: Any) -> Any:
+    """A ``LogSettingsRequest.SettingValue`` as a plain value (None when unset)."""
+    kind = value.WhichOneof("parameter_choice")
+    return None if kind is None else getattr(value, kind)
 
 
 def _parameters(request: Any) -> dict[str, Any]:

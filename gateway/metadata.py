@@ -30,6 +30,7 @@ EXTENSIONS = [
     "system_shared_memory",
     "model_repository",
     "model_repository(unload_dependents)",
+    "logging",
 ]
 
 

@@ -25,7 +25,7 @@ MANAGEMENT = [Depends(management_scope)]
 
 @router.post("/v2/repository/index", dependencies=MANAGEMENT)
 async def repository_index(request: Request) -> Response:
-    body = await _json_body(request)
+    body = await json_body(request)
     ready = body.get("ready", False)
     if not isinstance(ready, bool):
         raise InvalidInput("'ready' must be a boolean")
@@ -35,26 +35,26 @@ async def repository_index(request: Request) -> Response:
 
 @router.post("/v2/repository/models/{model}/load", dependencies=MANAGEMENT)
 async def repository_load(request: Request, model: str) -> Response:
-    parameters = _parameters(await _json_body(request))
+    parameters = _parameters(await json_body(request))
     await model_control.load(gateway_state(request), model, parameters)
     return Response(status_code=200)
 
 
 @router.post("/v2/repository/models/{model}/unload", dependencies=MANAGEMENT)
 async def repository_unload(request: Request, model: str) -> Response:
-    parameters = _parameters(await _json_body(request))
+    parameters = _parameters(await json_body(request))
     await model_control.unload(gateway_state(request), model, parameters)
     return Response(status_code=200)
 
 
 @router.post("/v2/repository/models/{model}/traffic", dependencies=MANAGEMENT)
 async def repository_traffic(request: Request, model: str) -> Response:
-    body = await _json_body(request)
+    body = await json_body(request)
     await model_control.set_weights(gateway_state(request), model, body.get("weights", {}))
     return Response(status_code=200)
 
 
-async def _json_body(request: Request) -> dict[str, Any]:
+async def json_body(request: Request) -> dict[str, Any]:
     raw = await read_body(request, gateway_state(request).settings.body_limit_bytes)
     if not raw.strip():
         return {}

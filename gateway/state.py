@@ -15,6 +15,7 @@ from gateway.readiness_cache import ReadinessCache
 from gateway.response_cache import CacheCounts, ResponseCache
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.torchserve.front import TorchServeFront
+from weir.log_settings import LogControl
 from weir.settings import GatewaySettings
 
 if TYPE_CHECKING:
@@ -36,6 +37,7 @@ class GatewayState:
     readiness: ReadinessCache = field(default_factory=ReadinessCache)
     cache: ResponseCache | None = None  # Triton's response cache, when one is configured
     cache_counts: CacheCounts | None = None
+    log: LogControl | None = None  # Triton's logging extension
 
     @property
     def repository(self) -> Catalog:

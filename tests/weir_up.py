@@ -30,10 +30,17 @@ class Up:
 
 
 @contextmanager
-def weir_up(*args: str) -> Iterator[Up]:
-    """Start ``weir up`` with ``args``; yield once it is ready; kill it if it still runs after."""
+def weir_up(*args: str, logs: bool = False) -> Iterator[Up]:
+    """Start ``weir up`` with ``args``; yield once it is ready; kill it if it still runs after.
+
+    ``logs``: its services' logs (their stderr) are read into ``lines`` too.
+    """
     process = subprocess.Popen(
-        [sys.executable, "-m", "weir.cli", "up", *args], cwd=ROOT, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "weir.cli", "up", *args],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT if logs else None,
+        text=True,
     )
     lines: list[str] = []
     reader = threading.Thread(target=lambda: lines.extend(iter(process.stdout.readline, "")))  # type: ignore[union-attr]

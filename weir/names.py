@@ -12,6 +12,8 @@ BATCHER_GROUP = "batcher"
 WORKER_GROUP = "workers"
 # Gateways are no stream group; they heartbeat under this name so peers find the dead ones.
 GATEWAY_GROUP = "gateways"
+# Triton's log settings for the whole mesh (weir.log_settings), set through any gateway.
+LOG_SETTINGS = f"{PREFIX}:log_settings"
 
 
 def _model_key(model: str, version: str, kind: str) -> str:

@@ -72,6 +72,14 @@ class ServiceSettings(BaseSettings):
         gt=0,
         description="how often a service looks for a change of what the mesh serves",
     )
+    log_settings_refresh_s: float = _shared(
+        "log_settings_refresh_s",
+        2.0,
+        gt=0,
+        description="how often a service reads the mesh's log settings (Triton's logging "
+        "extension, /v2/logging)",
+    )
+
     retire_timeout_s: float = _shared(
         "retire_timeout_s",
         120.0,

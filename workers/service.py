@@ -36,6 +36,7 @@ from weir.control.follower import Follower, Retirement
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.liveness import Heartbeat
+from weir.log_settings import LogControl
 from weir.redis_io.connection import connect
 from weir.redis_io.links import open_link
 from weir.repository import ModelEntry, Repository
@@ -343,6 +344,8 @@ class Worker(Service):
         for run in self.runs.values():
             run.start(self.tasks)
         self.tasks.spawn(self.heartbeat.run(), "heartbeat")
+        log = LogControl(self.redis, self.settings.log_level, self.settings.log_settings_refresh_s)
+        self.tasks.spawn(log.run(), "log settings")
         self.stall.start()
         self.tasks.spawn(self.trimmer.run(self.settings.trim_interval_s, self.should_exit), "trim")
         self.tasks.spawn(self.cancels.run(self.should_exit), "cancel notices")
