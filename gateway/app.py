@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from fastapi import FastAPI, Request, Response
 from fastapi.exceptions import RequestValidationError
 from prometheus_client import CollectorRegistry
+from redis.asyncio import Redis
 from starlette.exceptions import HTTPException
 
 from gateway.catalog import Catalog
@@ -38,6 +39,8 @@ from gateway.torchserve.front import TorchServeFront
 from gateway.torchserve.inference_routes import router as torchserve_inference_router
 from gateway.torchserve.management_routes import router as torchserve_management_router
 from gateway.torchserve.metrics import with_torchserve_names
+from gateway.trace_routes import router as trace_router
+from gateway.tracing import Tracer, TraceSettings
 from weir import __version__
 from weir.control.mode import ControlMode
 from weir.errors import WeirError
@@ -115,6 +118,8 @@ def create_app(
         tasks.spawn(counts.run(), "response cache statistics")
         log = LogControl(redis, settings.log_level, settings.log_settings_refresh_s)
         tasks.spawn(log.run(), "log settings")
+        tracer = _tracer(settings, redis)
+        tasks.spawn(tracer.run(), "trace settings")
         state = GatewayState(
             settings,
             catalog,
@@ -127,6 +132,7 @@ def create_app(
             cache=ResponseCache(cache_bytes) if cache_bytes else None,
             cache_counts=counts,
             log=log,
+            tracer=tracer,
         )
         grpc_server = None
         # As every service after its startup (weir.service): what lives as long as the
@@ -149,6 +155,7 @@ def create_app(
             # Tasks first: the reply-streams task would make the stream close() deletes again.
             await tasks.cancel_all(settings.shutdown_grace_s)
             await counts.flush()
+            tracer.close()
             await mesh.close()
             await reply_streams.stop()
             await redis.aclose()
@@ -170,6 +177,7 @@ def create_app(
     app.include_router(shared_memory_router)
     app.include_router(repository_router)
     app.include_router(logging_router)
+    app.include_router(trace_router)
     app.include_router(torchserve_inference_router)
     app.include_router(torchserve_management_router)
     app.include_router(api_description.inference_router)
@@ -178,6 +186,17 @@ def create_app(
     app.add_exception_handler(HTTPException, _http_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     return app
+
+
+def _tracer(settings: GatewaySettings, redis: Redis) -> Tracer:
+    base = TraceSettings(
+        settings.trace_file,
+        (settings.trace_level,),
+        settings.trace_rate,
+        settings.trace_count,
+        settings.trace_log_frequency,
+    )
+    return Tracer(redis, base, settings.processes, settings.log_settings_refresh_s)
 
 
 def _model_store(settings: GatewaySettings) -> ModelStore | None:

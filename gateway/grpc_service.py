@@ -34,6 +34,7 @@ from gateway import (
     metadata,
     model_control,
     shared_memory,
+    trace_routes,
 )
 from gateway.auth import Scope, check_authorization, required_token
 from gateway.codec import InferBody
@@ -89,15 +90,6 @@ def _answers_errors(method: Handler) -> Handler:
         # HTTP's headers (Retry-After, WWW-Authenticate) travel as trailing metadata.
         trailing = tuple((key.lower(), value) for key, value in error.headers.items())
         await context.abort(grpc_status(error), error.message, trailing)
-
-    return handler
-
-
-def _unimplemented(what: str) -> Handler:
-    async def handler(self: Any, request: Any, context: Any) -> None:
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED, f"Weir does not implement {what} over gRPC"
-        )
 
     return handler
 
@@ -316,7 +308,22 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):  # type:
             setattr(response.settings[name], kind, value)
         return response
 
-    TraceSetting = _unimplemented("the trace extension")
+    @_answers_errors
+    async def TraceSetting(self, request: Any, context: Any) -> Any:
+        self._authorize(context, Scope.MANAGEMENT)
+        model = request.model_name or None
+        values = {
+            name: None if not value.value else list(value.value)
+            for name, value in request.settings.items()
+        }
+        if values:  # none: a read (tritonclient's get_trace_settings)
+            settings = await trace_routes.change(self.state, model, values)
+        else:
+            settings = await trace_routes.settings_of(self.state, model)
+        response = service_pb2.TraceSettingResponse()
+        for name, value in settings.items():
+            response.settings[name].value.extend(value if isinstance(value, list) else [value])
+        return response
 
 
 def _setting(value: Any) -> Any:

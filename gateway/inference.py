@@ -107,12 +107,17 @@ async def execute(
     outcome in the metrics. ``on_part`` takes the parts of a streamed answer (gateway.parts).
     """
     batch = check_request(entry.config, body)
+    tracer = state.tracer
+    traced = tracer is not None and tracer.sample(entry.name)
     cache = state.cache if on_part is None and entry.config.caches_responses else None
     if cache is None:
         reply = await state.mesh.infer(entry, version, body, batch, on_part)
         reply.raise_for_error()
     else:
         reply = await _through_cache(state, cache, entry, version, body, batch)
+    if traced and tracer is not None:
+        tensors = (body.inputs, reply.outputs)
+        tracer.record(entry.name, version, body.id, reply.ts, tensors)
     reply.outputs = classification.apply(entry, body, reply.outputs)
     _check_response_size(entry, reply.outputs, state.settings.response_limit_bytes)
     return reply

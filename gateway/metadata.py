@@ -31,6 +31,7 @@ EXTENSIONS = [
     "model_repository",
     "model_repository(unload_dependents)",
     "logging",
+    "trace",
 ]
 
 

@@ -15,6 +15,7 @@ from gateway.readiness_cache import ReadinessCache
 from gateway.response_cache import CacheCounts, ResponseCache
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.torchserve.front import TorchServeFront
+from gateway.tracing import Tracer
 from weir.log_settings import LogControl
 from weir.settings import GatewaySettings
 
@@ -38,6 +39,7 @@ class GatewayState:
     cache: ResponseCache | None = None  # Triton's response cache, when one is configured
     cache_counts: CacheCounts | None = None
     log: LogControl | None = None  # Triton's logging extension
+    tracer: Tracer | None = None  # Triton's trace extension
 
     @property
     def repository(self) -> Catalog:

@@ -28,6 +28,7 @@ from weir.settings import (
     WorkerSettings,
 )
 from weir.torchserve import flags as torchserve_flags
+from weir.trace_settings import trace_options
 from weir.up_settings import UpSettings
 
 
@@ -64,6 +65,12 @@ def _cache(parser: argparse.ArgumentParser) -> None:
         action="append",
         help="Triton's response cache, local,size=BYTES: answers kept in each gateway process "
         "for models whose config enables response_cache (env WEIR_GATEWAY_RESPONSE_CACHE_BYTES)",
+    )
+    parser.add_argument(
+        "--trace-config",
+        action="append",
+        help="Triton's trace settings, repeatable: triton,file=PATH, level=TIMESTAMPS|TENSORS, "
+        "rate=N, count=N, log-frequency=N (env WEIR_GATEWAY_TRACE_FILE, ..._LEVEL, ...)",
     )
 
 
@@ -170,6 +177,8 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
         options["load_model"] = ",".join(options["load_model"])
     if "cache_config" in options:
         options["response_cache_bytes"] = cache_bytes(options.pop("cache_config"))
+    if "trace_config" in options:
+        options.update(trace_options(options.pop("trace_config")))
     return options
 
 

@@ -14,6 +14,8 @@ WORKER_GROUP = "workers"
 GATEWAY_GROUP = "gateways"
 # Triton's log settings for the whole mesh (weir.log_settings), set through any gateway.
 LOG_SETTINGS = f"{PREFIX}:log_settings"
+# Triton's trace settings (gateway.tracing): field "" the global ones, a model's name its own.
+TRACE_SETTINGS = f"{PREFIX}:trace_settings"
 
 
 def _model_key(model: str, version: str, kind: str) -> str:

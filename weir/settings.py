@@ -18,6 +18,7 @@ from weir.completion import DEFAULT_PYTHON_TIMEOUT_S, Completion
 from weir.control.mode import ControlMode
 from weir.redis_io import redis_target
 from weir.torchserve.gateway_settings import TorchServeGatewaySettings
+from weir.trace_settings import TraceGatewaySettings
 
 
 def _shared(name: str, default: Any, **kwargs: Any) -> Any:
@@ -77,7 +78,7 @@ class ServiceSettings(BaseSettings):
         2.0,
         gt=0,
         description="how often a service reads the mesh's log settings (Triton's logging "
-        "extension, /v2/logging)",
+        "extension, /v2/logging) and a gateway its trace settings (/v2/trace/setting)",
     )
 
     retire_timeout_s: float = _shared(
@@ -131,7 +132,7 @@ class ServiceSettings(BaseSettings):
         return [name.strip() for name in self.load_model.split(",") if name.strip()]
 
 
-class GatewaySettings(ServiceSettings, TorchServeGatewaySettings):
+class GatewaySettings(ServiceSettings, TorchServeGatewaySettings, TraceGatewaySettings):
     """The gateway: KServe v2 over HTTP and gRPC (``WEIR_GATEWAY_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="WEIR_GATEWAY_")

@@ -13,9 +13,10 @@ from pydantic_settings import SettingsConfigDict
 
 from weir.settings import ServiceSettings
 from weir.torchserve.gateway_settings import DEFAULT_ALLOWED_URLS
+from weir.trace_settings import TraceGatewaySettings
 
 
-class UpSettings(ServiceSettings):
+class UpSettings(ServiceSettings, TraceGatewaySettings):
     """The embedded default, ``weir up`` (``WEIR_UP_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="WEIR_UP_")

@@ -243,10 +243,8 @@ def test_a_message_over_the_body_limit_is_refused_before_parsing(
 def test_calls_weir_does_not_implement_say_what_is_missing(
     client: grpcclient.InferenceServerClient,
 ) -> None:
-    unimplemented = grpc.StatusCode.UNIMPLEMENTED
     unavailable = grpc.StatusCode.UNAVAILABLE
     assert "CUDA shared memory" in rpc_error(client.get_cuda_shared_memory_status, unavailable)
-    assert "trace" in rpc_error(client.get_trace_settings, unimplemented)
 
 
 def test_model_control_in_mode_none_is_refused_as_triton_refuses_it(
