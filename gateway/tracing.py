@@ -166,7 +166,8 @@ class Tracer:
     ) -> None:
         """Keep one traced request; write the file when ``log_frequency`` traces are kept."""
         trace_id = next(self._ids)
-        self._kept.append({"id": trace_id, "model_name": model, "model_version": int(version)})
+        number = int(version) if version.isdigit() else version
+        self._kept.append({"id": trace_id, "model_name": model, "model_version": number})
         timestamps = [{"name": n, "ns": stamps[s]} for n, s in STAMP_NAMES if s in stamps]
         entry: dict[str, Any] = {"id": trace_id, "timestamps": timestamps}
         if request_id:
