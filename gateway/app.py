@@ -29,7 +29,7 @@ from gateway.metrics import RequestMetrics
 from gateway.metrics_server import ScrapeLimits
 from gateway.reply_streams import ReplyStreams
 from gateway.repository_routes import router as repository_router
-from gateway.response_cache import CacheCounts, ResponseCache
+from gateway.response_cache import CacheCounts, answer_cache
 from gateway.routes import router
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.shared_memory_routes import router as shared_memory_router
@@ -113,7 +113,11 @@ def create_app(
             settings.shared_memory_max_regions, settings.shared_memory_max_region_bytes
         )
         front = TorchServeFront(store)
-        cache_bytes = settings.response_cache_bytes
+        cache = answer_cache(
+            settings.response_cache_bytes,
+            settings.response_cache_redis_url,
+            settings.response_cache_timeout_s,
+        )
         counts = CacheCounts(redis)
         tasks.spawn(counts.run(), "response cache statistics")
         log = LogControl(redis, settings.log_level, settings.log_settings_refresh_s)
@@ -129,7 +133,7 @@ def create_app(
             shm,
             control,
             front,
-            cache=ResponseCache(cache_bytes) if cache_bytes else None,
+            cache=cache,
             cache_counts=counts,
             log=log,
             tracer=tracer,
@@ -156,6 +160,8 @@ def create_app(
             await tasks.cancel_all(settings.shutdown_grace_s)
             await counts.flush()
             tracer.close()
+            if cache is not None:
+                await cache.close()
             await mesh.close()
             await reply_streams.stop()
             await redis.aclose()

@@ -29,7 +29,7 @@ from gateway.compression import BoundedDecoder, Coding
 from gateway.disconnect import SCOPE_KEY, Disconnect
 from gateway.parts import HTTP_DECOUPLED, PartListener, refuse_decoupled
 from gateway.raw_binary import parse_raw_body
-from gateway.response_cache import ResponseCache, request_key
+from gateway.response_cache import AnswerCache, request_key
 from gateway.state import GatewayState
 from gateway.validation import check_request, model_parameters, precheck_input
 from weir.errors import BodyTooLarge, Canceled, InvalidInput, WeirError
@@ -125,7 +125,7 @@ async def execute(
 
 async def _through_cache(
     state: GatewayState,
-    cache: ResponseCache,
+    cache: AnswerCache,
     entry: ModelEntry,
     version: str,
     body: InferBody,
@@ -136,7 +136,7 @@ async def _through_cache(
     wanted = [output.name for output in body.outputs]
     parameters = model_parameters(body.parameters)
     key = request_key(entry.name, version, body.inputs, wanted, parameters)
-    kept = cache.get(key)
+    kept = await cache.lookup(key)
     looked_ns = time.perf_counter_ns() - started_ns
     counts = state.cache_counts
     if kept is not None:
@@ -146,7 +146,7 @@ async def _through_cache(
     reply = await state.mesh.infer(entry, version, body, batch, None)
     reply.raise_for_error()
     keeping_ns = time.perf_counter_ns()
-    cache.put(key, reply.outputs)
+    await cache.keep(key, reply.outputs)
     if counts is not None:
         counts.miss(entry.name, version, looked_ns + time.perf_counter_ns() - keeping_ns)
     return reply

@@ -14,6 +14,15 @@ caches no stream). Classification and rendering apply to a kept answer as to a c
 one, so a request may ask for a kept output in another form. Each process keeps its own, as
 Triton's ``local`` cache does in its one process.
 
+With ``--cache-config redis,host=H,port=P`` (Triton's redis cache; also ``password``,
+``user``, ``db``, or Weir's ``url=redis://...``; ``WEIR_GATEWAY_RESPONSE_CACHE_REDIS_URL``)
+the answers are kept in that Redis instead (:class:`RedisCache`), shared by every gateway
+process and replica and kept across restarts; its own ``maxmemory`` and eviction policy
+(``allkeys-lru``, say) bound it. It must be a Redis of its own: the mesh's refuses writes
+past its memory rather than evict a stream. A cache Redis that fails or is slower than
+``WEIR_GATEWAY_RESPONSE_CACHE_TIMEOUT_S`` is passed by (the request goes to the mesh) and
+left alone for a second, with a warning, as Triton's redis cache falls back.
+
 Hits and misses are counted in the model's statistics (:class:`CacheCounts`, written to the
 statistics hash with the workers' counters): Triton's ``cache_hit`` and ``cache_miss``, and
 a hit is a ``success`` (no worker saw it).
@@ -25,10 +34,13 @@ import asyncio
 import hashlib
 import json
 import logging
+import time
 from collections import OrderedDict
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Protocol
+from urllib.parse import urlsplit
 
+import msgpack
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
@@ -38,12 +50,40 @@ from weir.tensors import Tensor
 
 logger = logging.getLogger(__name__)
 
+CACHE_PREFIX = "weir:cache:"  # a cache Redis's keys, the request key in hex after it
+REST_AFTER_FAILURE_S = 1.0
 ENTRY_OVERHEAD_BYTES = 128  # counted per kept answer and per tensor, beside their data
 FLUSH_EVERY_S = 1.0  # how often the counts reach the statistics hash
 
 
+class AnswerCache(Protocol):
+    """Where answers are kept: this process (:class:`ResponseCache`) or a Redis."""
+
+    async def lookup(self, key: bytes) -> dict[str, Tensor] | None: ...
+
+    async def keep(self, key: bytes, outputs: Mapping[str, Tensor]) -> None: ...
+
+    async def close(self) -> None: ...
+
+
+def answer_cache(capacity_bytes: int, redis_url: str, timeout_s: float) -> AnswerCache | None:
+    """The cache the settings name, if any: a Redis one when it has a URL."""
+    if redis_url:
+        return RedisCache(redis_url, timeout_s)
+    return ResponseCache(capacity_bytes) if capacity_bytes else None
+
+
 class ResponseCache:
     """Answers by request key, least recently used first out, bounded in bytes."""
+
+    async def lookup(self, key: bytes) -> dict[str, Tensor] | None:
+        return self.get(key)
+
+    async def keep(self, key: bytes, outputs: Mapping[str, Tensor]) -> None:
+        self.put(key, outputs)
+
+    async def close(self) -> None:
+        self._kept.clear()
 
     def __init__(self, capacity_bytes: int) -> None:
         self.capacity_bytes = capacity_bytes
@@ -75,6 +115,63 @@ class ResponseCache:
             self.used_bytes -= dropped
         self._kept[key] = (own, size)
         self.used_bytes += size
+
+
+class RedisCache:
+    """Answers by request key in a Redis of their own, shared by every gateway."""
+
+    def __init__(self, url: str, timeout_s: float) -> None:
+        self.redis = Redis.from_url(
+            url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s, max_connections=64
+        )
+        parsed = urlsplit(url)
+        self.where = f"{parsed.hostname}:{parsed.port or 6379}"  # no password in a log line
+        self._resting_until = 0.0  # after a failure, the cache is passed by until then
+
+    async def lookup(self, key: bytes) -> dict[str, Tensor] | None:
+        if self._resting():
+            return None
+        try:
+            raw = await self.redis.get(CACHE_PREFIX + key.hex())
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+            return None
+        return _decoded(raw) if isinstance(raw, bytes) else None
+
+    async def keep(self, key: bytes, outputs: Mapping[str, Tensor]) -> None:
+        if self._resting() or not outputs:
+            return
+        try:
+            await self.redis.set(CACHE_PREFIX + key.hex(), _encoded(outputs))
+        except (RedisError, OSError) as exc:
+            self._failed(exc)
+
+    def _resting(self) -> bool:
+        return time.monotonic() < self._resting_until
+
+    def _failed(self, exc: Exception) -> None:
+        self._resting_until = time.monotonic() + REST_AFTER_FAILURE_S
+        rest_s = REST_AFTER_FAILURE_S
+        logger.warning("response cache at %s passed by for %g s: %s", self.where, rest_s, exc)
+
+    async def close(self) -> None:
+        await self.redis.aclose()
+
+
+def _encoded(outputs: Mapping[str, Tensor]) -> bytes:
+    packed = {name: [t.datatype, list(t.shape), bytes(t.data)] for name, t in outputs.items()}
+    return msgpack.packb(packed, use_bin_type=True)  # type: ignore[no-any-return]
+
+
+def _decoded(raw: bytes) -> dict[str, Tensor] | None:
+    try:
+        packed = msgpack.unpackb(raw, raw=False)
+        return {
+            name: Tensor(kind, tuple(shape), data) for name, (kind, shape, data) in packed.items()
+        }
+    except (ValueError, TypeError, msgpack.UnpackException) as exc:
+        logger.warning("a response cache entry could not be read, passed by: %s", exc)
+        return None
 
 
 def request_key(

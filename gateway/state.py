@@ -12,7 +12,7 @@ from gateway.catalog import Catalog
 from gateway.mesh import MeshClient
 from gateway.metrics import RequestMetrics
 from gateway.readiness_cache import ReadinessCache
-from gateway.response_cache import CacheCounts, ResponseCache
+from gateway.response_cache import AnswerCache, CacheCounts
 from gateway.shared_memory import SharedMemoryRegistry
 from gateway.torchserve.front import TorchServeFront
 from gateway.tracing import Tracer
@@ -36,7 +36,7 @@ class GatewayState:
     control: ControlLoop
     torchserve: TorchServeFront = field(default_factory=lambda: TorchServeFront(None))
     readiness: ReadinessCache = field(default_factory=ReadinessCache)
-    cache: ResponseCache | None = None  # Triton's response cache, when one is configured
+    cache: AnswerCache | None = None  # Triton's response cache, when one is configured
     cache_counts: CacheCounts | None = None
     log: LogControl | None = None  # Triton's logging extension
     tracer: Tracer | None = None  # Triton's trace extension

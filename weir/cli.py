@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from weir import __version__
+from weir.cache_settings import cache_options
 from weir.control.mode import ControlMode
 from weir.errors import ConfigError
 from weir.service import run
@@ -63,8 +64,9 @@ def _cache(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--cache-config",
         action="append",
-        help="Triton's response cache, local,size=BYTES: answers kept in each gateway process "
-        "for models whose config enables response_cache (env WEIR_GATEWAY_RESPONSE_CACHE_BYTES)",
+        help="Triton's response cache for models whose config enables response_cache, "
+        "repeatable: local,size=BYTES (in each gateway process) or redis,host=H "
+        "(redis,port=P, password, user, db; or redis,url=redis://...: shared by every gateway)",
     )
     parser.add_argument(
         "--trace-config",
@@ -176,27 +178,10 @@ def _overrides(args: argparse.Namespace) -> dict[str, Any]:
     if isinstance(options.get("load_model"), list):
         options["load_model"] = ",".join(options["load_model"])
     if "cache_config" in options:
-        options["response_cache_bytes"] = cache_bytes(options.pop("cache_config"))
+        options.update(cache_options(options.pop("cache_config")))
     if "trace_config" in options:
         options.update(trace_options(options.pop("trace_config")))
     return options
-
-
-def cache_bytes(flags: list[str]) -> int:
-    """Triton's ``--cache-config local,size=N`` (repeatable) as the local cache's bytes."""
-    size = 0
-    for flag in flags:
-        kind, _, setting = flag.partition(",")
-        key, _, value = setting.partition("=")
-        if kind != "local":
-            raise ConfigError(
-                f"--cache-config {flag}: Weir's response cache is local to each gateway "
-                "process (local,size=BYTES)"
-            )
-        if key != "size" or not value.isdigit():
-            raise ConfigError(f"--cache-config {flag}: expected local,size=BYTES")
-        size = int(value)
-    return size
 
 
 def _run_up(options: dict[str, Any]) -> int:

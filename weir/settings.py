@@ -224,6 +224,17 @@ class GatewaySettings(ServiceSettings, TorchServeGatewaySettings, TraceGatewaySe
         "says response_cache { enable: true } (Triton's --cache-config local,size=N); "
         "0: no cache",
     )
+    response_cache_redis_url: str = Field(
+        "",
+        description="a Redis of its own that keeps the answers for every gateway (Triton's "
+        "--cache-config redis,host=H); its maxmemory and eviction policy bound it",
+    )
+    response_cache_timeout_s: float = Field(
+        0.05,
+        gt=0,
+        description="longest wait for the cache Redis; past it the request goes to the mesh "
+        "and the cache is passed by for a second",
+    )
     response_limit_bytes: int = Field(
         256 * 1024 * 1024,
         gt=0,

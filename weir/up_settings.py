@@ -38,6 +38,9 @@ class UpSettings(ServiceSettings, TraceGatewaySettings):
     response_cache_bytes: int = Field(
         0, ge=0, description="each gateway process's response cache (--cache-config local,size=N)"
     )
+    response_cache_redis_url: str = Field(
+        "", description="a shared response cache's Redis (--cache-config redis,host=H)"
+    )
     # TorchServe's way in (weir.torchserve.startup): a model store, its archives, its config.
     models: list[str] = Field(default_factory=list)
     ts_config: Path | None = None

@@ -14,13 +14,15 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import redis
 import tritonclient.grpc as grpcclient
 
 from gateway.response_cache import ENTRY_OVERHEAD_BYTES, ResponseCache, request_key
 from tests.conftest import free_port, wait_until
 from tests.weir_up import weir_up
-from weir.cli import cache_bytes
+from weir.cache_settings import cache_options
 from weir.errors import ConfigError
+from weir.redis_server import RedisServer
 from weir.tensors import Tensor
 
 
@@ -73,11 +75,15 @@ def test_a_kept_answer_owns_its_bytes() -> None:
 
 
 def test_tritons_cache_config_flag() -> None:
-    assert cache_bytes(["local,size=1048576"]) == 1048576
-    with pytest.raises(ConfigError, match="local to each gateway process"):
-        cache_bytes(["redis,host=127.0.0.1"])
-    with pytest.raises(ConfigError, match="local,size=BYTES"):
-        cache_bytes(["local,size=lots"])
+    assert cache_options(["local,size=1048576"]) == {"response_cache_bytes": 1048576}
+    shared = cache_options(["redis,host=cache", "redis,port=7000", "redis,password=p@ss"])
+    assert shared == {"response_cache_redis_url": "redis://:p%40ss@cache:7000/0"}
+    with pytest.raises(ConfigError, match="local,size=BYTES or redis"):
+        cache_options(["local,size=lots"])
+    with pytest.raises(ConfigError, match="not both"):
+        cache_options(["local,size=1", "redis,host=cache"])
+    with pytest.raises(ConfigError, match="give host"):
+        cache_options(["redis,port=7000"])
 
 
 CONFIG = """
@@ -136,3 +142,31 @@ def test_a_repeated_request_is_answered_from_the_cache(tmp_path: Path) -> None:
         assert 'nv_cache_num_hits_per_model{model="cached",version="1"} 2.0' in metrics
         assert "# TYPE nv_cache_num_hits_per_model counter" in metrics
         assert 'nv_cache_num_hits_per_model{model="plain"' not in metrics
+
+
+def test_a_cache_redis_is_shared_and_passed_by_when_it_fails(tmp_path: Path) -> None:
+    (tmp_path / "models" / "cached" / "1").mkdir(parents=True)
+    config = textwrap.dedent(CONFIG) + "response_cache: {enable: true}\n"
+    (tmp_path / "models" / "cached" / "config.yaml").write_text(config)
+    (tmp_path / "models" / "cached" / "1" / "model.py").write_text(textwrap.dedent(COUNTER))
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v2/models/cached/infer"
+    body = {"inputs": [{"name": "X", "shape": [1, 2], "datatype": "FP32", "data": [1, 2]}]}
+
+    def calls() -> float:
+        """One request on a new connection: either gateway process may take it."""
+        answer = httpx.post(url, json=body, timeout=30)
+        assert answer.status_code == 200, answer.text
+        return float(answer.json()["outputs"][0]["data"][0])
+
+    with RedisServer() as cache:
+        args = ["--repository", str(tmp_path / "models"), "--http-port", str(port)]
+        args += ["--grpc-port", "0", "--metrics-port", "0", "--redis-port", str(free_port())]
+        args += ["--cache-config", "redis,host=127.0.0.1"]
+        args += ["--cache-config", f"redis,port={cache.port}", "--gateway-processes", "2"]
+        with weir_up(*args):
+            assert [calls() for _ in range(6)] == [1.0] * 6  # the model ran once
+            with redis.Redis.from_url(cache.url) as plain:
+                assert len(plain.keys("weir:cache:*")) == 1
+            cache.stop()
+            assert [calls(), calls()] == [2.0, 3.0]  # the cache is away: the model answers
