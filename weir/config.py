@@ -38,6 +38,13 @@ IGNORED_TRITON_FIELDS = frozenset(
     }
 )
 
+# Triton fields a model cannot be served correctly without: refused, saying why.
+UNSERVED_TRITON_FIELDS = {
+    "sequence_batching": "Triton's sequence batcher (stateful models, each sequence kept on "
+    "one instance with its control inputs) is not served by Weir yet; a model that keeps no "
+    "state between requests can use dynamic_batching instead",
+}
+
 
 class Backend(StrEnum):
     """Backends by Triton's names."""
@@ -366,6 +373,8 @@ def config_from_raw(raw: Any, path: Path, default_name: str) -> ModelConfig:
         for ignored in IGNORED_TRITON_FIELDS.intersection(raw):
             logger.warning("%s: field %s is not supported yet and is ignored", path, ignored)
             raw.pop(ignored)
+        for refused in UNSERVED_TRITON_FIELDS.keys() & raw.keys():
+            raise ConfigError(f"{path}: {refused}: {UNSERVED_TRITON_FIELDS[refused]}")
     try:
         config = ModelConfig.model_validate(raw)
     except ValidationError as exc:

@@ -185,6 +185,17 @@ def test_the_response_cache_is_read(tmp_path: Path) -> None:
     assert load_pbtxt(path, "tiny").caches_responses
 
 
+def test_a_sequence_batcher_is_refused_saying_why(tmp_path: Path) -> None:
+    sequence = "sequence_batching { max_sequence_idle_microseconds: 5000000 }"
+    text = PLAIN_PBTXT.replace(
+        "dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }",
+        sequence,
+    )
+    path = write(tmp_path / "tiny", "config.pbtxt", text)
+    with pytest.raises(ConfigError, match="sequence_batching: Triton's sequence batcher"):
+        load_pbtxt(path, "tiny")
+
+
 def test_repository_reads_pbtxt_when_there_is_no_yaml(tmp_path: Path) -> None:
     write(tmp_path / "tiny", "config.pbtxt", PLAIN_PBTXT)
     for version in ("1", "3"):
