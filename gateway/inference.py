@@ -42,6 +42,8 @@ JSON = "application/json"
 OCTET_STREAM = "application/octet-stream"
 # Responses smaller than this compress on the event loop; larger ones in a thread.
 COMPRESS_INLINE_BYTES = 256 * 1024
+# Requests whose inputs are smaller than this get their response cache key on the event loop.
+HASH_INLINE_BYTES = 1024 * 1024
 
 
 async def run_infer(
@@ -135,7 +137,9 @@ async def _through_cache(
     started_ns = time.perf_counter_ns()
     wanted = [output.name for output in body.outputs]
     parameters = model_parameters(body.parameters)
-    key = request_key(entry.name, version, body.inputs, wanted, parameters)
+    key_of = functools.partial(request_key, entry.name, version, body.inputs, wanted, parameters)
+    large = sum(len(tensor.data) for tensor in body.inputs.values()) > HASH_INLINE_BYTES
+    key = await asyncio.to_thread(key_of) if large else key_of()
     kept = await cache.lookup(key)
     looked_ns = time.perf_counter_ns() - started_ns
     counts = state.cache_counts

@@ -115,6 +115,18 @@ def _checked(name: str, value: Any) -> Any:
     )
 
 
+# Loggers with handlers of their own that do not pass records to the root's (the gateway's
+# HTTP server's): they follow the settings too.
+OWN_HANDLERS = ("uvicorn", "uvicorn.error", "uvicorn.access")
+
+
+def _handlers(root: logging.Logger) -> list[logging.Handler]:
+    handlers = list(root.handlers)
+    for name in OWN_HANDLERS:
+        handlers += logging.getLogger(name).handlers
+    return handlers
+
+
 def _text(value: bytes | str) -> str:
     return value.decode() if isinstance(value, bytes) else value
 
@@ -164,7 +176,7 @@ class LogControl:
     def apply(self, settings: LogSettings) -> None:
         """Make this process log by ``settings``."""
         root = logging.getLogger()
-        for handler in root.handlers:
+        for handler in _handlers(root):
             if self._filter not in handler.filters:
                 handler.addFilter(self._filter)
             if handler.formatter is not None:

@@ -105,17 +105,24 @@ COUNTER = """
 
 def test_a_repeated_request_is_answered_from_the_cache(tmp_path: Path) -> None:
     models = tmp_path / "models"
-    for name, extra in (("cached", "response_cache: {enable: true}\n"), ("plain", "")):
+    cached = "response_cache: {enable: true}\n"
+    wide = textwrap.dedent(CONFIG).replace("dims: [2]", "dims: [-1]") + cached
+    for name, config in (
+        ("cached", textwrap.dedent(CONFIG) + cached),
+        ("plain", textwrap.dedent(CONFIG)),
+        ("wide", wide),  # inputs over a MiB: their key is hashed in a thread
+    ):
         (models / name / "1").mkdir(parents=True)
-        (models / name / "config.yaml").write_text(textwrap.dedent(CONFIG) + extra)
+        (models / name / "config.yaml").write_text(config)
         (models / name / "1" / "model.py").write_text(textwrap.dedent(COUNTER))
     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
     args = ["--repository", str(models), "--http-port", str(http_port)]
     args += ["--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port)]
-    args += ["--redis-port", str(free_port()), "--cache-config", "local,size=1048576"]
+    args += ["--redis-port", str(free_port()), "--cache-config", "local,size=4194304"]
 
     def calls(client: httpx.Client, model: str, x: list[float]) -> float:
-        body = {"inputs": [{"name": "X", "shape": [1, 2], "datatype": "FP32", "data": x}]}
+        shape = [1, len(x)]
+        body = {"inputs": [{"name": "X", "shape": shape, "datatype": "FP32", "data": x}]}
         answer = client.post(f"/v2/models/{model}/infer", json=body)
         assert answer.status_code == 200, answer.text
         return float(answer.json()["outputs"][0]["data"][0])
@@ -126,6 +133,8 @@ def test_a_repeated_request_is_answered_from_the_cache(tmp_path: Path) -> None:
         assert calls(client, "cached", [3, 4]) == 2
         assert calls(client, "cached", [1, 2]) == 1
         assert [calls(client, "plain", [1, 2]) for _ in range(2)] == [1, 2]
+        many = [0.5] * 300_000
+        assert [calls(client, "wide", many) for _ in range(2)] == [1, 1]
 
         def cache_stats() -> dict[str, dict[str, int]]:
             stats = client.get("/v2/models/cached/stats").json()["model_stats"][0]
