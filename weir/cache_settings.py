@@ -12,9 +12,35 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import quote
 
+from pydantic import Field
+from pydantic_settings import BaseSettings
+
 from weir.errors import ConfigError
 
 REDIS_KEYS = ("host", "port", "user", "password", "db", "url")
+
+
+class CacheGatewaySettings(BaseSettings):
+    """Where the gateway keeps answers for models that enable ``response_cache``."""
+
+    response_cache_bytes: int = Field(
+        0,
+        ge=0,
+        description="bytes of answers each gateway process keeps for models whose config "
+        "says response_cache { enable: true } (Triton's --cache-config local,size=N); "
+        "0: no cache",
+    )
+    response_cache_redis_url: str = Field(
+        "",
+        description="a Redis of its own that keeps the answers for every gateway (Triton's "
+        "--cache-config redis,host=H); its maxmemory and eviction policy bound it",
+    )
+    response_cache_timeout_s: float = Field(
+        0.05,
+        gt=0,
+        description="longest wait for the cache Redis; past it the request goes to the mesh "
+        "and the cache is passed by for a second",
+    )
 
 
 def cache_options(flags: list[str]) -> dict[str, Any]:

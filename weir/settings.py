@@ -14,6 +14,7 @@ from typing import Any
 from pydantic import AliasChoices, Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from weir.cache_settings import CacheGatewaySettings
 from weir.completion import DEFAULT_PYTHON_TIMEOUT_S, Completion
 from weir.control.mode import ControlMode
 from weir.redis_io import redis_target
@@ -132,7 +133,9 @@ class ServiceSettings(BaseSettings):
         return [name.strip() for name in self.load_model.split(",") if name.strip()]
 
 
-class GatewaySettings(ServiceSettings, TorchServeGatewaySettings, TraceGatewaySettings):
+class GatewaySettings(
+    ServiceSettings, TorchServeGatewaySettings, TraceGatewaySettings, CacheGatewaySettings
+):
     """The gateway: KServe v2 over HTTP and gRPC (``WEIR_GATEWAY_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="WEIR_GATEWAY_")
@@ -216,24 +219,6 @@ class GatewaySettings(ServiceSettings, TorchServeGatewaySettings, TraceGatewaySe
         description="new requests get 503 once Redis's used memory passes this share of its "
         "maxmemory, so the rest is left for answering what was accepted (0: no check of the "
         "gateway's own; Redis refuses at maxmemory)",
-    )
-    response_cache_bytes: int = Field(
-        0,
-        ge=0,
-        description="bytes of answers each gateway process keeps for models whose config "
-        "says response_cache { enable: true } (Triton's --cache-config local,size=N); "
-        "0: no cache",
-    )
-    response_cache_redis_url: str = Field(
-        "",
-        description="a Redis of its own that keeps the answers for every gateway (Triton's "
-        "--cache-config redis,host=H); its maxmemory and eviction policy bound it",
-    )
-    response_cache_timeout_s: float = Field(
-        0.05,
-        gt=0,
-        description="longest wait for the cache Redis; past it the request goes to the mesh "
-        "and the cache is passed by for a second",
     )
     response_limit_bytes: int = Field(
         256 * 1024 * 1024,

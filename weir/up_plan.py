@@ -62,6 +62,7 @@ class UpPlan:
             "WEIR_GATEWAY_PROCESSES": str(settings.gateway_processes),
             "WEIR_GATEWAY_RESPONSE_CACHE_BYTES": str(settings.response_cache_bytes),
             "WEIR_GATEWAY_RESPONSE_CACHE_REDIS_URL": settings.response_cache_redis_url,
+            "WEIR_GATEWAY_RESPONSE_CACHE_TIMEOUT_S": str(settings.response_cache_timeout_s),
             "WEIR_GATEWAY_TRACE_FILE": settings.trace_file,
             "WEIR_GATEWAY_TRACE_LEVEL": settings.trace_level,
             "WEIR_GATEWAY_TRACE_RATE": str(settings.trace_rate),

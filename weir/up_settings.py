@@ -11,12 +11,13 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
+from weir.cache_settings import CacheGatewaySettings
 from weir.settings import ServiceSettings
 from weir.torchserve.gateway_settings import DEFAULT_ALLOWED_URLS
 from weir.trace_settings import TraceGatewaySettings
 
 
-class UpSettings(ServiceSettings, TraceGatewaySettings):
+class UpSettings(ServiceSettings, TraceGatewaySettings, CacheGatewaySettings):
     """The embedded default, ``weir up`` (``WEIR_UP_*``)."""
 
     model_config = SettingsConfigDict(env_prefix="WEIR_UP_")
@@ -34,12 +35,6 @@ class UpSettings(ServiceSettings, TraceGatewaySettings):
         pattern=r"^[0-9]+([kKmMgG][bB]?)?$",
         description="the private Redis's maxmemory (policy noeviction: past it writes are "
         "refused, never Weir's streams evicted); 0: no limit",
-    )
-    response_cache_bytes: int = Field(
-        0, ge=0, description="each gateway process's response cache (--cache-config local,size=N)"
-    )
-    response_cache_redis_url: str = Field(
-        "", description="a shared response cache's Redis (--cache-config redis,host=H)"
     )
     # TorchServe's way in (weir.torchserve.startup): a model store, its archives, its config.
     models: list[str] = Field(default_factory=list)
