@@ -34,6 +34,7 @@ from gateway.state import GatewayState
 from gateway.validation import check_request, model_parameters, precheck_input
 from weir.errors import BodyTooLarge, Canceled, InvalidInput, WeirError
 from weir.repository import ModelEntry
+from weir.stats import Stamp
 from weir.tensors import Tensor
 from weir.wire import InferReply
 
@@ -134,7 +135,7 @@ async def _through_cache(
     batch: int,
 ) -> InferReply:
     """The kept answer to ``body`` or, failing that, the mesh's, kept for the next."""
-    started_ns = time.perf_counter_ns()
+    started_ns, arrived_ns = time.perf_counter_ns(), time.time_ns()
     wanted = [output.name for output in body.outputs]
     parameters = model_parameters(body.parameters)
     key_of = functools.partial(request_key, entry.name, version, body.inputs, wanted, parameters)
@@ -146,7 +147,8 @@ async def _through_cache(
     if kept is not None:
         if counts is not None:
             counts.hit(entry.name, version, looked_ns, looked_ns)
-        return InferReply(body.id or "", entry.name, version, kept)
+        stamps = {Stamp.GATEWAY_IN: arrived_ns, Stamp.GATEWAY_OUT: time.time_ns()}
+        return InferReply(body.id or "", entry.name, version, kept, ts=stamps)
     reply = await state.mesh.infer(entry, version, body, batch, None)
     reply.raise_for_error()
     keeping_ns = time.perf_counter_ns()

@@ -119,6 +119,7 @@ class BlsClient:
         self.loop: asyncio.AbstractEventLoop | None = None
         self.waiting: dict[str, asyncio.Future[InferReply]] = {}
         self.streams: dict[str, CallStream] = {}  # decoupled calls, by request id
+        self._notices: set[asyncio.Task[None]] = set()  # cancel notices being written
         self._ids = itertools.count()
         self._prefix = f"bls-{worker_id}-"
 
@@ -182,7 +183,13 @@ class BlsClient:
             return
         until_ms = int((time.time() + stream.call.timeout_s) * 1000)
         command = cancels.notice(names.cancel_stream(*stream.sent_to), [stream.id], until_ms)
-        asyncio.run_coroutine_threadsafe(self._notice(command), self.loop)
+        self.loop.call_soon_threadsafe(self._send_notice, command)
+
+    def _send_notice(self, command: Any) -> None:
+        """In the event loop: write the notice in a task held until it ends."""
+        task = asyncio.create_task(self._notice(command))
+        self._notices.add(task)
+        task.add_done_callback(self._notices.discard)
 
     async def _notice(self, command: Any) -> None:
         try:
