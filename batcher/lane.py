@@ -23,8 +23,9 @@ from redis.exceptions import RedisError
 from batcher import free_instance
 from batcher.in_flight import InFlight
 from batcher.policy import BatchQueue, Queued
+from batcher.sequences import Arrival, SequenceBook
 from weir import names, stages, wire
-from weir.errors import DeadlineExceeded
+from weir.errors import DeadlineExceeded, WeirError
 from weir.redis_io.link import Command, HotLink
 from weir.redis_io.retry import RetryWait
 from weir.repository import ModelEntry
@@ -84,6 +85,9 @@ class BatcherLane:
         # Batches sent and not yet credited back: a free instance beside them waits a
         # little for a batch of their size (batcher.in_flight).
         self.in_flight = InFlight(share_hold)
+        sequencing = entry.config.sequence_batching
+        self.book = SequenceBook(self.model, version, sequencing.idle_s) if sequencing else None
+        self.refused: list[tuple[Queued, WeirError]] = []  # answered with an error, unbatched
 
     def noticed(self) -> None:
         """A cancel notice for this lane came: drop what it names at the next turn."""
@@ -101,18 +105,30 @@ class BatcherLane:
             int(fields.get(wire.PRIORITY, b"0")),
             fields.get(wire.REQUEST_ID, b"").decode(),
             fields.get(wire.REPLY_TO, b"").decode(),
+            fields.get(wire.SEQUENCE, b"").decode(),
+            int(fields.get(wire.SEQUENCE_FLAGS, b"0")),
         )
+        arrival = self.book.arrive(item, now_s) if self.book and item.sequence else Arrival.QUEUE
+        if arrival is Arrival.QUEUE:
+            self._enqueue(item)
+        elif arrival is Arrival.REFUSE and self.book is not None:
+            self.refused.append((item, self.book.refusal(item)))
+        self.wake.set()
+
+    def _enqueue(self, item: Queued) -> None:
         if self.is_canceled(item.request_id):  # its notice came first
             self.dropped.append(item)
         else:
             self.queue.add(item)
-        self.wake.set()
 
     def adopt_credits(self, old: BatcherLane) -> None:
         """Take over the credits of the lane this one replaces (a new config's)."""
         self.credits, old.credits = old.credits, 0
         self.credit_ids, old.credit_ids = old.credit_ids, []
         self.in_flight = old.in_flight
+        if self.book is not None and old.book is not None:  # the same sequences go on
+            old.book.idle_s = self.book.idle_s
+            self.book = old.book
         self.wake.set()
 
     def add_credit(self, entry: Entry) -> None:
@@ -120,6 +136,10 @@ class BatcherLane:
         self.credits += credits
         self.in_flight.credited(time.monotonic(), credits)
         self.credit_ids.append(entry.id)
+        ran = entry.fields.get(wire.SEQUENCES)
+        if ran and self.book is not None:
+            for item in self.book.done(wire.decode_keys(ran), time.monotonic()):
+                self._enqueue(item)
         self.wake.set()
 
     def _decide(self, now_s: float) -> tuple[float | None, list[Queued]]:
@@ -149,7 +169,9 @@ class BatcherLane:
         """Every entry this lane has read and not yet acked."""
         queued = (item.entry_id for level in self.queue.levels for item in level)
         dropped = (item.entry_id for item in self.dropped)
-        return {*queued, *dropped, *self.credit_ids, *self.sending}
+        refused = (item.entry_id for item, _ in self.refused)
+        waiting = self.book.waiting_ids() if self.book else []
+        return {*queued, *dropped, *refused, *waiting, *self.credit_ids, *self.sending}
 
     def resync_credits(self, instances: int, workers_idle: bool) -> None:
         """Bring the credits back in line with the live instances.
@@ -165,18 +187,22 @@ class BatcherLane:
         if workers_idle:
             self.credits = max(self.credits, instances)
             self.in_flight.clear()
+            for item in self.book.all_done(time.monotonic()) if self.book else []:
+                self._enqueue(item)
 
     async def dispatch(self) -> None:
         """Send batches as the rule lets them leave, until stopped and empty."""
         wake_at: float | None = None
         sent = False
-        while not (self.stopping and not self.queue and not self.dropped):
+        while not (self.stopping and not self.queue and not self.dropped and not self.refused):
             if not sent:  # after a batch, look again at once: more may be ready
                 await self._wait(wake_at)
             # Cleared before the state is read: whatever arrives from here on wakes us again.
             self.wake.clear()
             expired = self.queue.drop_expired(time.time() * 1000)
             expired.extend(self._take_dropped())
+            if self.book is not None:
+                self.book.sweep(time.monotonic())
             if self.stopping:
                 # Leaving: what is queued goes now rather than waiting for anything.
                 wake_at, batch = None, self.queue.take(float("inf"))
@@ -184,10 +210,15 @@ class BatcherLane:
                 wake_at, batch = self._decide(time.monotonic())
                 if not batch and self._may_probe():
                     wake_at, batch = await self._probe(wake_at)
+                wake_at = _earliest(wake_at, self.book.wake_s() if self.book else None)
             # Credits are acked with the next batch: no round trip of their own.
-            if batch or expired or len(self.credit_ids) >= MAX_UNACKED_CREDITS:
+            if batch or expired or self._records() or len(self.credit_ids) >= MAX_UNACKED_CREDITS:
                 await self._send(batch, expired)
             sent = bool(batch)
+
+    def _records(self) -> bool:
+        """Refusals to answer, or sequences ended idle: a send even without a batch."""
+        return bool(self.refused) or (self.book is not None and bool(self.book.ended))
 
     def _may_probe(self) -> bool:
         """Requests held, no credit, and a sibling batcher that may hold the one wanted."""
@@ -232,16 +263,20 @@ class BatcherLane:
 
     async def _send(self, batch: list[Queued], expired: list[Queued]) -> None:
         credit_ids, self.credit_ids = self.credit_ids, []
-        self.sending = {q.entry_id for q in (*batch, *expired)}.union(credit_ids)
-        commands: list[Command] = []
+        refused, self.refused = self.refused, []
+        unrun = [*expired, *(item for item, _ in refused)]
+        self.sending = {q.entry_id for q in (*batch, *unrun)}.union(credit_ids)
+        commands: list[Command] = self.book.commands(batch) if self.book else []
         if batch:
             payload = wire.encode_batch([q.payload for q in batch])
             commands.append(stages.publish(self.model, self.version, payload))
-        replies = [(q.reply_to, self._expired_reply(q)) for q in expired if q.reply_to]
-        if expired:
-            commands.append(stages.settle(self.model, self.version, len(expired)))
-            commands.extend(self._count_failed(expired))
-        consumed = [q.entry_id for q in (*batch, *expired)]
+        timed_out = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)  # queued too long, as Triton
+        replies = [(q.reply_to, self._error_reply(q, timed_out)) for q in expired if q.reply_to]
+        replies += [(q.reply_to, self._error_reply(q, error)) for q, error in refused]
+        if unrun:
+            commands.append(stages.settle(self.model, self.version, len(unrun)))
+            commands.extend(self._count_failed(unrun))
+        consumed = [q.entry_id for q in (*batch, *unrun)]
         if consumed:
             commands.append(self.group.ack(self.request_stream, consumed))
         if credit_ids:
@@ -252,12 +287,15 @@ class BatcherLane:
         except RedisError as exc:
             logger.warning("sending a batch of %s failed, keeping it: %s", self.model, exc)
             self.queue.restore([*batch, *expired])
+            self.refused[:0] = refused
             self.credit_ids[:0] = credit_ids
             self.sending = set()
             await self.send_retry.failed()
             return
         self.send_retry.succeeded()
         self.sending = set()
+        for item in self.book.sent(batch, expired) if self.book else []:
+            self._enqueue(item)
         if batch:
             self.credits -= 1
             self.in_flight.sent(time.monotonic(), sum(q.size for q in batch))
@@ -273,12 +311,17 @@ class BatcherLane:
             ("HINCRBY", self.stats_key, Field.FAIL_NS, max(waited_ns, 0)),
         ]
 
-    def _expired_reply(self, item: Queued) -> bytes:
-        error = DeadlineExceeded(DeadlineExceeded.TRITON_TEXT)  # queued too long, as Triton says
+    def _error_reply(self, item: Queued, error: WeirError) -> bytes:
         reply = InferReply(
             item.request_id, self.model, self.version, error=(error.kind, error.message)
         )
         return reply.encode()
+
+
+def _earliest(first: float | None, second: float | None) -> float | None:
+    if first is None or second is None:
+        return second if first is None else first
+    return min(first, second)
 
 
 def _never(_: str) -> bool:
@@ -332,6 +375,14 @@ def _settle(waiter: asyncio.Future[None]) -> None:
 
 
 def _queue_for(entry: ModelEntry) -> BatchQueue:
+    sequencing = entry.config.sequence_batching
+    if sequencing is not None:  # its strategy's sizes and delay, one request per sequence
+        strategy = sequencing.strategy
+        return BatchQueue(
+            entry.config.max_batch_size,
+            strategy.preferred_batch_size,
+            strategy.max_queue_delay_microseconds / 1e6,
+        )
     batching = entry.config.dynamic_batching
     if batching is None:
         # Without dynamic_batching every request is its own batch, as Triton's default scheduler.

@@ -32,6 +32,8 @@ class Queued:
     level: int = 0
     request_id: str = ""
     reply_to: str = ""
+    sequence: str = ""  # its sequence's key, for a sequence model (batcher.sequences)
+    flags: int = 0  # its sequence's START and END flags
 
 
 class BatchQueue:

@@ -23,6 +23,7 @@ import uuid
 from redis.exceptions import RedisError
 
 from batcher.lane import BatcherLane
+from batcher.sequences import SequenceLease
 from weir import names
 from weir.cancels import CancelWatch
 from weir.control.desired import DesiredState, DesiredStore
@@ -63,6 +64,7 @@ class Batcher(Service):
         self.heartbeat = Heartbeat(
             self.redis, names.BATCHER_GROUP, self.consumer, settings.heartbeat_ttl_s, bytes
         )
+        self.lease = SequenceLease(self.redis, self.consumer, settings.heartbeat_ttl_s)
         self.lanes: dict[str, BatcherLane] = {}
         self.routes: dict[str, tuple[BatcherLane, bool]] = {}
         self.dispatchers: dict[BatcherLane, asyncio.Task[None]] = {}
@@ -144,13 +146,33 @@ class Batcher(Service):
         if old is not None:
             lane.adopt_credits(old)
             self._stop_lane(old)
+        elif lane.book is not None:
+            await lane.book.recover(self.redis, time.monotonic())
         self.lanes[lane.request_stream] = lane
-        self.routes[lane.request_stream] = (lane, False)
-        self.routes[lane.credit_stream] = (lane, True)
+        if lane.book is None or (old is not None and old.request_stream in self.routes):
+            self._read_lane(lane)  # a sequence model's once its lease is held (upkeep)
         self.dispatchers[lane] = self.tasks.spawn(
             self._dispatch(lane), f"dispatch {lane.request_stream}"
         )
         self.lanes_added.set()
+
+    def _read_lane(self, lane: BatcherLane) -> None:
+        self.routes[lane.request_stream] = (lane, False)
+        self.routes[lane.credit_stream] = (lane, True)
+
+    async def _lease_sequences(self) -> None:
+        """Read a sequence model's streams while this batcher holds its lease, and only then."""
+        for lane in list(self.lanes.values()):
+            if lane.book is None or lane.request_stream in self.retiring:
+                continue
+            held = await self.lease.hold(lane.model, lane.version)
+            if held and lane.request_stream not in self.routes:
+                logger.info("batching the sequences of %s:%s", lane.model, lane.version)
+                self._read_lane(lane)
+            elif not held and lane.request_stream in self.routes:
+                logger.warning("another batcher took the sequences of %s", lane.request_stream)
+                self.routes.pop(lane.request_stream, None)
+                self.routes.pop(lane.credit_stream, None)
 
     async def _dispatch(self, lane: BatcherLane) -> None:
         try:
@@ -247,6 +269,7 @@ class Batcher(Service):
 
     async def _upkeep(self) -> None:
         """Claim what dead batchers left pending; cap credits to the live instances."""
+        await self._lease_sequences()
         for stream, (lane, _) in list(self.routes.items()):
             claimed = await self.reclaimer.claim(stream, self.settings.read_count, lane.held())
             if claimed.retry:
@@ -287,6 +310,10 @@ class Batcher(Service):
 
     async def shutdown(self) -> None:
         await self.tasks.cancel_all(self.settings.shutdown_grace_s)
+        for lane in self.lanes.values():
+            if lane.book is not None and lane.request_stream in self.routes:
+                with contextlib.suppress(RedisError):  # else it expires
+                    await self.lease.release(lane.model, lane.version)
         await self.heartbeat.stop()
         await self.read_link.close()
         await self.send_link.close()

@@ -26,7 +26,7 @@ from gateway.codec import InferBody, check_parameter_size
 from gateway.deadline import Deadline
 from gateway.parts import PartFilter, PartListener
 from gateway.resubmission import Accepted, Resubmitter
-from gateway.validation import model_parameters, priority_level
+from gateway.validation import model_parameters, priority_level, sequence_of
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
@@ -103,6 +103,7 @@ class MeshClient:
         timeout_s = self._timeout_s(entry, body)
         level = priority_level(entry.config, body)
         request = self._request(entry, version, body, timeout_s)
+        request.sequence = sequence_of(entry.config, body, batch)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferReply] = loop.create_future()
         self.waiting[request.id] = future

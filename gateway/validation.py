@@ -11,7 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 from gateway.codec import InferBody
+from weir import wire
 from weir.config import ModelConfig, TensorSpec
+from weir.config_sequence import ControlKind
 from weir.errors import BodyTooLarge, InvalidInput
 from weir.tensors import Tensor
 
@@ -147,3 +149,63 @@ SERVER_PARAMETERS = frozenset(
 def model_parameters(parameters: dict[str, Any]) -> dict[str, Any]:
     """A request's parameters for its model: all but those the server acts on."""
     return {k: v for k, v in parameters.items() if k not in SERVER_PARAMETERS}
+
+
+def sequence_of(config: ModelConfig, body: InferBody, batch: int) -> tuple[int | str, int] | None:
+    """A sequence model's request: its ``sequence_id`` and its START and END flags.
+
+    Triton's parameters and words. Other models ignore them, as Triton's other schedulers do.
+    """
+    if config.sequence_batching is None:
+        return None
+    parameters = body.parameters
+    sequence_id = parameters.get("sequence_id", 0)
+    if isinstance(sequence_id, bool) or not isinstance(sequence_id, int | str):
+        raise InvalidInput("parameter 'sequence_id' must be an unsigned integer or a string")
+    if isinstance(sequence_id, int) and not 0 <= sequence_id < 2**64:
+        raise InvalidInput("parameter 'sequence_id' must be an unsigned 64-bit integer")
+    if not sequence_id:
+        raise InvalidInput(
+            f"inference request to model '{config.name}' must specify a non-zero or "
+            "non-empty correlation ID"
+        )
+    if batch != 1:
+        raise InvalidInput(
+            f"inference request to model '{config.name}' must specify batch-size 1 due to "
+            "requirements of sequence batcher"
+        )
+    _check_corrid(config, sequence_id)
+    flags = 0
+    for name, flag in (
+        ("sequence_start", wire.SEQUENCE_START),
+        ("sequence_end", wire.SEQUENCE_END),
+    ):
+        value = parameters.get(name, False)
+        if not isinstance(value, bool):
+            raise InvalidInput(f"parameter '{name}' must be a boolean")
+        flags |= flag if value else 0
+    return sequence_id, flags
+
+
+# The sequence ids each integer CORRID control datatype holds.
+_CORRID_BOUNDS = {
+    "UINT64": (0, 2**64),
+    "INT64": (0, 2**63),
+    "UINT32": (0, 2**32),
+    "INT32": (0, 2**31),
+}
+
+
+def _check_corrid(config: ModelConfig, sequence_id: int | str) -> None:
+    """The id must fit the model's CONTROL_SEQUENCE_CORRID input, when it has one."""
+    sequencing = config.sequence_batching
+    corrids = sequencing.control(ControlKind.CORRID) if sequencing else []
+    for name, control in corrids:
+        bounds = _CORRID_BOUNDS.get(control.datatype)
+        if bounds is None:
+            continue  # TYPE_STRING takes any id, as its text
+        if isinstance(sequence_id, str) or not bounds[0] <= sequence_id < bounds[1]:
+            raise InvalidInput(
+                f"sequence id {sequence_id!r} does not fit input '{name}' "
+                f"({control.datatype}, CONTROL_SEQUENCE_CORRID) of model '{config.name}'"
+            )

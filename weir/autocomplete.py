@@ -104,10 +104,23 @@ def complete(
     filled = dict(raw)
     _complete_batching(filled, signature, default_max_batch_size)
     batching = int(filled.get("max_batch_size") or 0) > 0
+    served = _server_filled(raw)
     for field, tensors in (("input", signature.inputs), ("output", signature.outputs)):
         if not raw.get(field):
-            filled[field] = [_spec(signature, t, batching) for t in tensors]
+            filled[field] = [_spec(signature, t, batching) for t in tensors if t.name not in served]
     return filled
+
+
+def _server_filled(raw: dict[str, Any]) -> set[str]:
+    """A sequence model's control and state tensors: the server's, not a client's."""
+    sequencing = raw.get("sequence_batching")
+    if not isinstance(sequencing, dict):
+        return set()
+    names = {c.get("name") for c in sequencing.get("control_input") or [] if isinstance(c, dict)}
+    for state in sequencing.get("state") or []:
+        if isinstance(state, dict):
+            names.update((state.get("input_name"), state.get("output_name")))
+    return {name for name in names if isinstance(name, str)}
 
 
 def _complete_python(
@@ -207,7 +220,7 @@ def check_served(config: ModelConfig, source: Path, version_dirs: list[Path]) ->
     for version_dir in version_dirs:
         model = reader(model_path(config, version_dir))
         signature = _as_served(config.backend, config.max_batch_size, config.parameters, model)
-        check_signature(config, source, signature)
+        check_signature(config.run_config(), source, signature)
 
 
 def check_signature(config: ModelConfig, source: Path, signature: ModelSignature) -> None:

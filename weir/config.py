@@ -4,7 +4,7 @@
 file stops start-up with a :class:`~weir.errors.ConfigError` naming the file and the field.
 Datatypes are accepted as config names (``TYPE_FP32``) or protocol names (``FP32``) and held
 as protocol names. An ensemble's ``ensemble_scheduling`` is in :mod:`weir.config_ensemble`,
-``model_warmup`` in :mod:`weir.config_warmup`.
+``model_warmup`` in :mod:`weir.config_warmup`, ``sequence_batching`` in :mod:`weir.config_sequence`.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from weir import config_parameters as params
 from weir import datatypes
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
 from weir.config_optimization import Optimization
+from weir.config_sequence import SequenceBatching, check_sequence_fields, run_tensors
 from weir.config_warmup import ModelWarmup, check_warmup_fields
 from weir.errors import ConfigError
 
@@ -37,13 +38,6 @@ IGNORED_TRITON_FIELDS = frozenset(
         "runtime",
     }
 )
-
-# Triton fields a model cannot be served correctly without: refused, saying why.
-UNSERVED_TRITON_FIELDS = {
-    "sequence_batching": "Triton's sequence batcher (stateful models, each sequence kept on "
-    "one instance with its control inputs) is not served by Weir yet; a model that keeps no "
-    "state between requests can use dynamic_batching instead",
-}
 
 
 class Backend(StrEnum):
@@ -242,6 +236,7 @@ class ModelConfig(_Strict):
     input: tuple[TensorSpec, ...] = Field(min_length=1)
     output: tuple[TensorSpec, ...] = Field(min_length=1)
     dynamic_batching: DynamicBatching | None = None
+    sequence_batching: SequenceBatching | None = None
     instance_group: tuple[InstanceGroup, ...] = (InstanceGroup(),)
     version_policy: VersionPolicy = VersionPolicy(latest=LatestPolicy())
     parameters: dict[str, str] = Field(default_factory=dict)
@@ -281,7 +276,8 @@ class ModelConfig(_Strict):
     def caches_responses(self) -> bool:
         """``response_cache { enable: true }`` and not decoupled (Triton caches no stream)."""
         cache = self.response_cache
-        return cache is not None and cache.enable and not self.decoupled
+        stateful = self.sequence_batching is not None
+        return cache is not None and cache.enable and not self.decoupled and not stateful
 
     @property
     def max_input_bytes(self) -> int | None:
@@ -301,6 +297,7 @@ class ModelConfig(_Strict):
         _unique_names("output", self.output)
         check_ensemble_fields(self)
         check_warmup_fields(self)
+        check_sequence_fields(self)
         preferred = self.dynamic_batching.preferred_batch_size if self.dynamic_batching else ()
         if preferred and max(preferred) > max(self.max_batch_size, 1):
             raise ValueError(
@@ -308,6 +305,15 @@ class ModelConfig(_Strict):
                 f"{self.max_batch_size}"
             )
         return self
+
+    def run_config(self) -> ModelConfig:
+        """The config an instance runs with: a sequence model's control and state tensors too."""
+        inputs, outputs = run_tensors(self)
+        if not inputs and not outputs:
+            return self
+        return self.model_copy(
+            update={"input": (*self.input, *inputs), "output": (*self.output, *outputs)}
+        )
 
     def input_spec(self, name: str) -> TensorSpec | None:
         return next((spec for spec in self.input if spec.name == name), None)
@@ -373,8 +379,6 @@ def config_from_raw(raw: Any, path: Path, default_name: str) -> ModelConfig:
         for ignored in IGNORED_TRITON_FIELDS.intersection(raw):
             logger.warning("%s: field %s is not supported yet and is ignored", path, ignored)
             raw.pop(ignored)
-        for refused in UNSERVED_TRITON_FIELDS.keys() & raw.keys():
-            raise ConfigError(f"{path}: {refused}: {UNSERVED_TRITON_FIELDS[refused]}")
     try:
         config = ModelConfig.model_validate(raw)
     except ValidationError as exc:

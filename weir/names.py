@@ -57,6 +57,16 @@ def model_stats(model: str, version: str) -> str:
     return _model_key(model, version, "stats")
 
 
+def sequence_states(model: str, version: str) -> str:
+    """Hash: a sequence model's open sequences, each with its implicit state (or empty)."""
+    return _model_key(model, version, "sequences")
+
+
+def sequence_lease(model: str, version: str) -> str:
+    """String: the batcher that batches a sequence model (batcher.sequences)."""
+    return _model_key(model, version, "sequence-lease")
+
+
 def timed_out_load(model: str, version: str, pool: str) -> str:
     """The load attempt of a version that ran past its timeout in a pool, and why."""
     return _model_key(model, version, f"load-timed-out:{pool}")

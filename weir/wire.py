@@ -9,8 +9,10 @@ number, from 0, in the run that sent it; the reply without ``part`` ends the ans
 
 Stream entries hold the encoded map under one field (``m``). A request entry also carries,
 as plain fields, what the batcher needs without decoding tensors: its batch size (``n``),
-deadline (``d``), priority level (``p``), id (``i``) and reply stream (``r``). A credit entry
-(a worker announcing free instances) carries their number (``c``). Batch entries and reply
+deadline (``d``), priority level (``p``), id (``i``) and reply stream (``r``); a request of a
+sequence also its sequence's key (``q``) and flags (``f``). A credit entry (a worker
+announcing free instances) carries their number (``c``) and, for a sequence model, the keys
+of the sequences whose requests the batch ran (``s``). Batch entries and reply
 entries hold a msgpack list of encoded maps under ``m``: the members of a batch, or every
 reply one transaction has for one gateway (one ``XADD`` per gateway, not per reply).
 """
@@ -34,6 +36,12 @@ PRIORITY = b"p"
 REQUEST_ID = b"i"
 REPLY_TO = b"r"
 CREDITS = b"c"
+SEQUENCE = b"q"
+SEQUENCE_FLAGS = b"f"
+SEQUENCES = b"s"
+# A request's sequence flags, Triton's values.
+SEQUENCE_START = 1
+SEQUENCE_END = 2
 
 
 def now_ns() -> int:
@@ -66,26 +74,35 @@ class InferRequest:
     parameters: dict[str, Any] = field(default_factory=dict)
     ts: dict[str, int] = field(default_factory=dict)
     route: dict[str, Any] | None = None
+    # A sequence model's request: the sequence id (an int or a str) and its flags.
+    sequence: tuple[int | str, int] | None = None
+
+    @property
+    def sequence_key(self) -> str:
+        """The sequence's key in the batcher and in Redis; empty outside a sequence."""
+        return "" if self.sequence is None else sequence_key(self.sequence[0])
 
     def encode(self) -> bytes:
-        return _pack(
-            {
-                "id": self.id,
-                "model": self.model,
-                "version": self.version,
-                "inputs": {name: t.to_wire() for name, t in self.inputs.items()},
-                "outputs": self.outputs,
-                "parameters": self.parameters,
-                "deadline_ms": self.deadline_ms,
-                "reply_to": self.reply_to,
-                "ts": self.ts,
-                "route": self.route,
-            }
-        )
+        message = {
+            "id": self.id,
+            "model": self.model,
+            "version": self.version,
+            "inputs": {name: t.to_wire() for name, t in self.inputs.items()},
+            "outputs": self.outputs,
+            "parameters": self.parameters,
+            "deadline_ms": self.deadline_ms,
+            "reply_to": self.reply_to,
+            "ts": self.ts,
+            "route": self.route,
+        }
+        if self.sequence is not None:
+            message["sequence"] = list(self.sequence)
+        return _pack(message)
 
     @classmethod
     def decode(cls, raw: bytes) -> InferRequest:
         m = _unpack(raw)
+        sequence = m.get("sequence")
         return cls(
             id=m["id"],
             model=m["model"],
@@ -97,6 +114,7 @@ class InferRequest:
             reply_to=m["reply_to"],
             ts=dict(m["ts"]),
             route=m.get("route"),
+            sequence=(sequence[0], int(sequence[1])) if sequence else None,
         )
 
 
@@ -169,7 +187,25 @@ def request_fields(request: InferRequest, batch: int, level: int = 0) -> dict[by
     }
     if level:
         fields[PRIORITY] = b"%d" % level
+    if request.sequence is not None:
+        fields[SEQUENCE] = request.sequence_key.encode()
+        fields[SEQUENCE_FLAGS] = b"%d" % request.sequence[1]
     return fields
+
+
+def encode_keys(keys: list[str]) -> bytes:
+    """A credit's sequence keys."""
+    return cast(bytes, msgpack.packb(keys, use_bin_type=True))
+
+
+def decode_keys(raw: bytes) -> list[str]:
+    keys = msgpack.unpackb(raw, raw=False)
+    return [str(key) for key in keys] if isinstance(keys, list) else []
+
+
+def sequence_key(sequence_id: int | str) -> str:
+    """A sequence id as a key: Triton keeps the id 7 and the id "7" apart, and so does this."""
+    return str(sequence_id) if isinstance(sequence_id, int) else f"'{sequence_id}"
 
 
 def encode_batch(payloads: list[bytes]) -> bytes:

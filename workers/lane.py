@@ -42,6 +42,7 @@ from weir.streams import Entry, StreamGroup
 from workers.batch_wait import never, sort_requests
 from workers.execution import BatchRunner
 from workers.parts import PartWriter
+from workers.sequences import Batch, SequenceModel
 from workers.stall import StallGuard, exit_stuck
 from workers.write_back import Outcome, WriteBack, decode_requests, failure_reply, phase_totals
 
@@ -90,6 +91,8 @@ class WorkerLane:
         self.parts = PartWriter(link, entry.config, settings.reply_maxlen, settings.redis_timeout_s)
         for runner in runners:
             runner.part_sink = self.parts.sink
+        stateful = entry.config.sequence_batching is not None
+        self.sequences = SequenceModel(entry.config, entry.path, version) if stateful else None
 
     @property
     def label(self) -> str:
@@ -162,10 +165,11 @@ class WorkerLane:
         while True:
             entry = await self.queue.get()
             try:
+                batch = await self._sequence_batch(entry)
                 if self._inline():
-                    outcome = self._process_inline(runner, entry)
+                    outcome = self._process_inline(runner, entry, batch)
                 else:
-                    outcome = await self._in_thread(loop, executor, runner, entry)
+                    outcome = await self._in_thread(loop, executor, runner, entry, batch)
                 self._observe(outcome)
             except Exception as exc:
                 logger.exception("batch %s of %s cannot be processed", entry.id, self.label)
@@ -179,13 +183,19 @@ class WorkerLane:
                 self.queue.task_done()
                 self.free.release()
 
-    def _process_inline(self, runner: BatchRunner, entry: Entry) -> Outcome:
+    async def _sequence_batch(self, entry: Entry) -> Batch | None:
+        """A sequence model's batch, with its sequences' states read (workers.sequences)."""
+        if self.sequences is None:
+            return None
+        return await self.sequences.read(self.write_back.link, decode_requests(entry))
+
+    def _process_inline(self, runner: BatchRunner, entry: Entry, batch: Batch | None) -> Outcome:
         """The batch's outcome, run in the event loop under the worker's stall guard."""
         if self.stall is None:
-            return self._process(runner, entry)
+            return self._process(runner, entry, batch)
         self.stall.begin(entry, self.write_back)
         try:
-            return self._process(runner, entry)
+            return self._process(runner, entry, batch)
         finally:
             self.stall.end()
 
@@ -195,9 +205,10 @@ class WorkerLane:
         executor: Executor,
         runner: BatchRunner,
         entry: Entry,
+        batch: Batch | None,
     ) -> Outcome:
         """The batch's outcome, run in ``executor``; past the response timeout, the exit."""
-        running = loop.run_in_executor(executor, self._process, runner, entry)
+        running = loop.run_in_executor(executor, self._process, runner, entry, batch)
         timeout_s = self.response_timeout_s
         if timeout_s is None:
             return await running
@@ -238,14 +249,19 @@ class WorkerLane:
         self.compute_ewma_ns = _ewma(self.compute_ewma_ns, outcome.compute_cpu_ns)
         self.wall_ewma_ns = _ewma(self.wall_ewma_ns, outcome.compute_ns)
 
-    def _process(self, runner: BatchRunner, entry: Entry) -> Outcome:
-        requests = decode_requests(entry)
+    def _process(self, runner: BatchRunner, entry: Entry, batch: Batch | None = None) -> Outcome:
+        requests = batch.requests if batch is not None else decode_requests(entry)
         live, expired, canceled = sort_requests(requests, time.time() * 1000, self.is_canceled)
         outcome = Outcome()
+        if batch is not None:
+            batch.fill(live)
         started, started_cpu = time.perf_counter_ns(), time.thread_time_ns()
         replies, outcome.executions = runner.run_batch(live, self.is_canceled) if live else ([], [])
         outcome.compute_ns = time.perf_counter_ns() - started
         outcome.compute_cpu_ns = time.thread_time_ns() - started_cpu
+        if batch is not None:
+            outcome.sequence_commands = batch.finish(replies)
+            outcome.sequence_keys = batch.keys()
         by_id = {r.id: r for r in requests}
         outcome.phases = phase_totals(replies, by_id, [*expired, *canceled], wire.now_ns())
         if any(e.phases_ns is not None for e in outcome.executions):

@@ -2,9 +2,9 @@
 
 A model belongs to the pools its ``instance_group`` kinds name, which place its instances
 (:mod:`workers.placement`). Each lane (model, version) gets its instances and their executor
-threads (:mod:`workers.lane_run`).
-The worker heartbeats with a TTL key listing what it serves and which loads failed. On
-SIGTERM it stops reading, finishes and acks the batches it took, and exits.
+threads (:mod:`workers.lane_run`). The worker heartbeats with a TTL key listing what it
+serves and which loads failed. On SIGTERM it stops reading, finishes and acks the batches it
+took, and exits.
 
 In mode none the lanes load at start, and a model that cannot load stops the worker. In a
 model control mode they follow the desired state (:mod:`weir.control`): a lane loads in a
@@ -157,22 +157,16 @@ class Worker(Service):
                     runners = await self._load_runners(entry, version)
                 except LoadTimedOut as exc:
                     raise ConfigError(f"model '{entry.name}' version {version}: {exc}") from None
-                await self._start(
-                    WorkerLane(
-                        self.link,
-                        self.group,
-                        entry,
-                        version,
-                        runners,
-                        self.settings,
-                        self.router,
-                        self.stall,
-                    )
-                )
+                await self._start(self._lane(entry, version, runners))
         logger.info(
             "worker %s serving %s",
             self.worker_id,
             ", ".join(run.lane.label for run in self.runs.values()) or "nothing",
+        )
+
+    def _lane(self, entry: ModelEntry, version: str, runners: list[BatchRunner]) -> WorkerLane:
+        return WorkerLane(
+            self.link, self.group, entry, version, runners, self.settings, self.router, self.stall
         )
 
     def _configure_torch(self) -> None:
@@ -186,7 +180,8 @@ class Worker(Service):
 
         ConfigError first when this pool cannot place them (no CUDA device, say).
         """
-        placed = place(entry.config, self.settings.pool)
+        config = entry.config.run_config()  # a sequence model's controls and states too
+        placed = place(config, self.settings.pool)
         path = entry.version_path(version)
         archives = ArchiveOptions(
             self.settings.ts_install_requirements, self.settings.ts_decode_input_request
@@ -198,12 +193,12 @@ class Worker(Service):
             if shared is None or not shared.shareable:
                 on_device = sum(p.device == placement.device for p in placed)
                 shared = load_backend(
-                    entry.config, path, self.threads, on_device, archives, placement.device
+                    config, path, self.threads, on_device, archives, placement.device
                 )
                 loaded.setdefault(placement.device, shared)
             backends.append(shared.instance())
         runners = [
-            BatchRunner(entry.config, backend, self.settings.isolation_runs) for backend in backends
+            BatchRunner(config, backend, self.settings.isolation_runs) for backend in backends
         ]
         for runner in runners:
             run_warmup(entry.config, runner, entry.path)
@@ -298,10 +293,7 @@ class Worker(Service):
         if self.wanted.get(key) != stamp:  # unloaded, or a newer config came meanwhile
             logger.info("lane %s:%s loaded but no longer wanted", entry.name, version)
             return
-        lane = WorkerLane(
-            self.link, self.group, entry, version, runners, self.settings, self.router, self.stall
-        )
-        await self._start(lane)
+        await self._start(self._lane(entry, version, runners))
         await self.heartbeat.beat()  # advertise it at once
         logger.info("lane %s:%s serving with %d instances", entry.name, version, count)
 

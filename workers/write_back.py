@@ -61,7 +61,7 @@ class Outcome:
 
     __slots__ = (
         "answered", "compute_cpu_ns", "compute_ns", "executions", "forwards",
-        "last_inference_ms", "phases", "replies", "routed",
+        "last_inference_ms", "phases", "replies", "routed", "sequence_commands", "sequence_keys",
     )  # fmt: skip
 
     def __init__(self) -> None:
@@ -76,6 +76,9 @@ class Outcome:
         # Pipeline steps that finished, and the step requests they lead to.
         self.routed: list[tuple[InferRequest, InferReply]] = []
         self.forwards: list[tuple[InferRequest, int]] = []
+        # A sequence model's: its states kept (workers.sequences), the sequences it ran.
+        self.sequence_commands: list[Command] = []
+        self.sequence_keys: list[str] = []
 
 
 class WriteBack:
@@ -112,8 +115,14 @@ class WriteBack:
         self.stats_key = names.model_stats(entry.name, version)
         self.credit_stream = names.credit_stream(entry.name, version)
 
-    def credit(self, instances: int) -> Command:
-        """The command that gives the batchers a credit of ``instances`` free slots."""
+    def credit(self, instances: int, sequences: list[str] | None = None) -> Command:
+        """The command that gives the batchers a credit of ``instances`` free slots.
+
+        A sequence model's also names the sequences whose requests the batch ran.
+        """
+        if sequences:
+            ran = wire.encode_keys(sequences)
+            return ("XADD", self.credit_stream, "*", wire.CREDITS, instances, wire.SEQUENCES, ran)
         return ("XADD", self.credit_stream, "*", wire.CREDITS, instances)
 
     async def write(self, entry_id: bytes, outcome: Outcome, dead: Command | None = None) -> None:
@@ -146,8 +155,9 @@ class WriteBack:
             # would fail alone and the rest of the transaction would still commit.
             last = outcome.last_inference_ms
             commands.append(("EVAL", _ADD_STATS, 1, self.stats_key, last, *increments))
+        commands.extend(outcome.sequence_commands)
         commands.append(stages.settle(self.entry.name, self.version, outcome.answered))
-        commands.append(self.credit(1))
+        commands.append(self.credit(1, outcome.sequence_keys))
         commands.append(self.group.ack(self.stream, [entry_id]))
         return outside, commands
 
@@ -182,9 +192,17 @@ class WriteBack:
         for request in requests:
             outcome.replies.append((request.reply_to, failure_reply(request, error)))
         outcome.answered = len(requests)
+        outcome.sequence_keys = list(dict.fromkeys(r.sequence_key for r in requests if r.sequence))
+        outcome.sequence_commands = ended_sequences(self.entry.name, self.version, requests)
         outcome.phases = phase_totals([], {}, requests, wire.now_ns())
         logger.error("dead-lettering batch %s of %s: %s", entry.id, self.label, reason)
         return outcome, stages.dead_letter(self.entry.name, self.version, payload, reason, entry.id)
+
+
+def ended_sequences(model: str, version: str, requests: list[InferRequest]) -> list[Command]:
+    """Drop the state of the sequences that ``requests`` end, though they could not run."""
+    ended = [r.sequence_key for r in requests if r.sequence and r.sequence[1] & wire.SEQUENCE_END]
+    return [("HDEL", names.sequence_states(model, version), *ended)] if ended else []
 
 
 def decode_requests(entry: Entry) -> list[InferRequest]:

@@ -10,6 +10,7 @@ import pytest
 import yaml
 
 from weir.config import Backend, load_config
+from weir.config_sequence import ControlKind
 from weir.errors import ConfigError
 from weir.pbtxt import load_pbtxt
 from weir.repository import Repository
@@ -185,15 +186,22 @@ def test_the_response_cache_is_read(tmp_path: Path) -> None:
     assert load_pbtxt(path, "tiny").caches_responses
 
 
-def test_a_sequence_batcher_is_refused_saying_why(tmp_path: Path) -> None:
-    sequence = "sequence_batching { max_sequence_idle_microseconds: 5000000 }"
+def test_a_sequence_batcher_is_read_with_tritons_defaults(tmp_path: Path) -> None:
+    sequence = (
+        "sequence_batching { direct { } control_input [ { name: 'S' control [ "
+        "{ kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] } ] }"
+    )
     text = PLAIN_PBTXT.replace(
         "dynamic_batching { preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 500 }",
         sequence,
     )
     path = write(tmp_path / "tiny", "config.pbtxt", text)
-    with pytest.raises(ConfigError, match="sequence_batching: Triton's sequence batcher"):
-        load_pbtxt(path, "tiny")
+    sequencing = load_pbtxt(path, "tiny").sequence_batching
+    assert sequencing is not None
+    assert sequencing.max_sequence_idle_microseconds == 1_000_000  # Triton's default
+    assert sequencing.direct is not None
+    ((name, control),) = sequencing.control(ControlKind.START)
+    assert (name, control.datatype, control.value(True)) == ("S", "BOOL", True)
 
 
 def test_repository_reads_pbtxt_when_there_is_no_yaml(tmp_path: Path) -> None:

@@ -105,6 +105,8 @@ class InferenceRequest:
         model_name: str = "",
         model_version: int | str = -1,
         timeout: int = 0,
+        correlation_id: int | str = 0,
+        flags: int = 0,
         **_: Any,
     ) -> None:
         self._inputs = list(inputs)
@@ -116,6 +118,8 @@ class InferenceRequest:
         self._model = model_name
         self._version = "" if model_version in (-1, "-1", "") else str(model_version)
         self._timeout_us = timeout
+        self._correlation_id = correlation_id  # a sequence model's request (its sequence id)
+        self._flags = flags  # and its TRITONSERVER_REQUEST_FLAG_SEQUENCE_* bits
         self.response_sender: Any = None  # a decoupled model's (workers.backends.triton_senders)
 
     def inputs(self) -> list[Tensor]:
@@ -127,11 +131,11 @@ class InferenceRequest:
     def request_id(self) -> str:
         return self._id
 
-    def correlation_id(self) -> int:
-        return 0
+    def correlation_id(self) -> int | str:
+        return self._correlation_id
 
     def flags(self) -> int:
-        return 0
+        return self._flags
 
     def parameters(self) -> str:
         """The request's parameters, as a JSON object's text (Triton's form)."""

@@ -124,8 +124,18 @@ class TritonPythonBackend(ModelBackend):
             wanted = (member.outputs if member is not None else None) or every
             request_id = member.id if member is not None else ""
             parameters = member.parameters if member is not None else {}
+            sequence = member.sequence if member is not None else None
+            correlation_id, flags = sequence or (0, 0)
             requests.append(
-                pb_utils.InferenceRequest(tensors, wanted, request_id, parameters, _cancel)
+                pb_utils.InferenceRequest(
+                    tensors,
+                    wanted,
+                    request_id,
+                    parameters,
+                    _cancel,
+                    correlation_id=correlation_id,
+                    flags=flags,
+                )
             )
         return requests
 
