@@ -112,7 +112,9 @@ async def execute(
     batch = check_request(entry.config, body)
     tracer = state.tracer
     traced = tracer is not None and tracer.sample(entry.name)
-    cache = state.cache if on_part is None and entry.config.caches_responses else None
+    # A sequence's answer depends on its state: never cached (a pipeline's stateful step).
+    cacheable = entry.config.caches_responses and "sequence_id" not in body.parameters
+    cache = state.cache if on_part is None and cacheable else None
     if cache is None:
         reply = await state.mesh.infer(entry, version, body, batch, on_part)
         reply.raise_for_error()

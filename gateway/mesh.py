@@ -103,7 +103,7 @@ class MeshClient:
         timeout_s = self._timeout_s(entry, body)
         level = priority_level(entry.config, body)
         request = self._request(entry, version, body, timeout_s)
-        request.sequence = sequence_of(entry.config, body, batch)
+        request.sequence = sequence_of(self.router.scheduled_config(entry.config), body, batch)
         loop = asyncio.get_running_loop()
         future: asyncio.Future[InferReply] = loop.create_future()
         self.waiting[request.id] = future

@@ -28,6 +28,7 @@ from redis.exceptions import NoScriptError
 
 from pipelines.graph import Pipeline, Plan, Step
 from weir import names, wire
+from weir.config import ModelConfig
 from weir.stats import Stamp
 from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest
@@ -156,7 +157,14 @@ class Router:
             parameters={},
             ts={Stamp.GATEWAY_IN: wire.now_ns()},
             route=route.to_wire() | {"step": step.index},
+            sequence=parent.sequence,  # each step of a sequence's request is in the sequence
         )
+
+    def scheduled_config(self, config: ModelConfig) -> ModelConfig:
+        """The config whose sequence rules a request meets: a pipeline's stateful step's."""
+        pipeline = self.pipelines.get(config.name) if config.is_ensemble else None
+        steps = pipeline.steps if pipeline is not None else []
+        return next((s.config for s in steps if s.config.sequence_batching), config)
 
     async def start(self, request: InferRequest, plan: Plan, route: Route) -> Effects:
         """Write the pipeline inputs and find the first steps (one script call)."""

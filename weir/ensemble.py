@@ -103,11 +103,6 @@ def _resolve_step(
         raise ConfigError(
             f"{here}: model '{step.model_name}' is an ensemble; nesting is not supported"
         )
-    if entry.config.sequence_batching is not None:
-        raise ConfigError(
-            f"{here}: model '{step.model_name}' has sequence_batching; a stateful model is not "
-            "served as a pipeline step yet"
-        )
     resolved = ResolvedStep(index, step, entry, _version(here, step, entry))
     _check_batching(here, pipeline, resolved.config)
     _check_maps(here, step, resolved.config)

@@ -93,6 +93,20 @@ output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 2 ] }} ]
 """
 
 
+PIPELINE_CONFIG = """
+name: "acc_pipeline"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_INT32 dims: [ 1 ] } ]
+output [ { name: "TOTAL" data_type: TYPE_INT32 dims: [ 1 ] } ]
+ensemble_scheduling { step [ {
+  model_name: "py_acc" model_version: -1
+  input_map { key: "INPUT" value: "X" }
+  output_map { key: "OUTPUT" value: "TOTAL" }
+} ] }
+"""
+
+
 class Accumulator(torch.nn.Module):
     """The sum so far: the input, plus the state unless the sequence starts here."""
 
@@ -112,6 +126,8 @@ def write_repository(root: Path, idle_us: int = 2_000_000) -> Path:
     (python / "1").mkdir(parents=True)
     (python / "config.pbtxt").write_text(PYTHON_CONFIG.replace("{idle_us}", str(idle_us)))
     (python / "1" / "model.py").write_text(textwrap.dedent(PYTHON_MODEL))
+    (root / "acc_pipeline" / "1").mkdir(parents=True)
+    (root / "acc_pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
     module = Accumulator().eval()
     torch_dir = root / "torch_acc"
     (torch_dir / "1").mkdir(parents=True)

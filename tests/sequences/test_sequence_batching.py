@@ -174,6 +174,23 @@ def test_the_rules_triton_clients_meet_answer_with_tritons_words(mesh: Mesh) -> 
     assert "must specify the START flag" in after_end.json()["error"]
 
 
+def test_a_pipeline_passes_its_sequence_to_its_stateful_step(mesh: Mesh) -> None:
+    totals = []
+    for step, value in enumerate([2, 3, 4]):
+        body = {
+            "inputs": [{"name": "X", "datatype": "INT32", "shape": [1, 1], "data": [value]}],
+            "parameters": {"sequence_id": 64, "sequence_start": step == 0},
+        }
+        response = httpx.post(f"{mesh.url}/v2/models/acc_pipeline/infer", json=body, timeout=30)
+        assert response.status_code == 200, response.text
+        totals.append(response.json()["outputs"][0]["data"][0])
+    assert totals == [2, 5, 9]
+    body["parameters"] = {}
+    response = httpx.post(f"{mesh.url}/v2/models/acc_pipeline/infer", json=body, timeout=30)
+    assert response.status_code == 400
+    assert "to model 'py_acc' must specify a non-zero" in response.json()["error"]
+
+
 def test_a_sequence_idle_past_its_limit_ends(mesh: Mesh) -> None:
     started = infer(mesh, {"sequence_id": 31, "sequence_start": True}, 4)
     assert started.json()["outputs"][0]["data"] == [4]
