@@ -16,7 +16,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate
 
 
@@ -34,6 +34,8 @@ class Queued:
     reply_to: str = ""
     sequence: str = ""  # its sequence's key, for a sequence model (batcher.sequences)
     flags: int = 0  # its sequence's START and END flags
+    delay_at_ms: int = 0  # when it moves behind the others (a queue policy's DELAY), unix ms
+    counted: bool = False  # counted in its level's queue (a max_queue_size of its level's own)
 
 
 class BatchQueue:
@@ -45,11 +47,15 @@ class BatchQueue:
         preferred_sizes: tuple[int, ...] = (),
         max_queue_delay_s: float = 0.0,
         priority_levels: int = 1,
+        delays: bool = False,
     ) -> None:
         self.max_batch_size = max(max_batch_size, 1)
         self.preferred_sizes = frozenset(preferred_sizes)
         self.max_queue_delay_s = max_queue_delay_s
-        self.levels: list[deque[Queued]] = [deque() for _ in range(max(priority_levels, 1))]
+        self._top = max(priority_levels, 1) - 1  # the lowest priority level's index
+        # With a policy that delays, one more level after the lowest: Triton's delayed queue.
+        self.levels: list[deque[Queued]] = [deque() for _ in range(self._top + 1 + delays)]
+        self.delays = delays
         self._count = 0
         self._next_expiry_ms = math.inf
 
@@ -57,19 +63,25 @@ class BatchQueue:
         return self._count
 
     def add(self, item: Queued) -> None:
-        level = min(max(item.level, 0), len(self.levels) - 1)
-        self.levels[level].append(item)
+        self.levels[self._level(item)].append(item)
         self._count += 1
-        if item.deadline_ms:
-            self._next_expiry_ms = min(self._next_expiry_ms, item.deadline_ms)
+        self._watch(item)
 
     def restore(self, items: list[Queued]) -> None:
         """Put back a batch that could not be sent, ahead of everything, in its order."""
         for item in reversed(items):
-            self.levels[min(max(item.level, 0), len(self.levels) - 1)].appendleft(item)
+            self.levels[self._level(item)].appendleft(item)
             self._count += 1
-            if item.deadline_ms:
-                self._next_expiry_ms = min(self._next_expiry_ms, item.deadline_ms)
+            self._watch(item)
+
+    def _level(self, item: Queued) -> int:
+        return min(max(item.level, 0), self._top)
+
+    def _watch(self, item: Queued) -> None:
+        """Look again when its deadline passes, or its time to move behind the others."""
+        for at_ms in (item.deadline_ms, item.delay_at_ms if self.delays else 0):
+            if at_ms:
+                self._next_expiry_ms = min(self._next_expiry_ms, at_ms)
 
     def _ordered(self) -> Iterator[Queued]:
         return itertools.chain.from_iterable(self.levels)
@@ -84,21 +96,30 @@ class BatchQueue:
         return None if oldest is None else oldest + self.max_queue_delay_s
 
     def drop_expired(self, now_ms: float) -> list[Queued]:
-        """Remove and return every request whose deadline has passed."""
+        """Remove and return every request whose deadline has passed.
+
+        Under a policy that delays, a request past its queue timeout moves behind every
+        other, in the delayed level, in the order the timeouts passed.
+        """
         if now_ms < self._next_expiry_ms:
             return []
         expired: list[Queued] = []
+        delayed: list[Queued] = []
         self._next_expiry_ms = math.inf
         for i, level in enumerate(self.levels):
             keep: deque[Queued] = deque()
             for item in level:
                 if item.deadline_ms and item.deadline_ms <= now_ms:
                     expired.append(item)
-                    continue
-                keep.append(item)
-                if item.deadline_ms:
-                    self._next_expiry_ms = min(self._next_expiry_ms, item.deadline_ms)
+                elif self.delays and item.delay_at_ms and item.delay_at_ms <= now_ms:
+                    delayed.append(replace(item, delay_at_ms=0))
+                else:
+                    keep.append(item)
+                    self._watch(item)
             self.levels[i] = keep
+        self.levels[-1].extend(delayed)
+        for item in delayed:
+            self._watch(item)
         self._count -= len(expired)
         return expired
 

@@ -37,7 +37,7 @@ from weir.errors import NotFound, Unavailable, WeirError
 from weir.redis_io.link import Arg, Command, HotLink
 from weir.wire import InferRequest
 
-ADMITTED, FULL, CLOSED, NO_MEMORY = 1, 0, -1, -2
+ADMITTED, FULL, CLOSED, NO_MEMORY, LEVEL_FULL = 1, 0, -1, -2, -3
 # Redis's used memory is read at most this often: INFO costs Redis more than an admission.
 MEMORY_SAMPLE_S = 0.1
 INFO: Command = ("INFO", "memory")
@@ -120,10 +120,13 @@ class Admission:
         fields: dict[bytes, bytes],
         max_queue_size: int,
         readmit: bool = False,
+        level_bound: tuple[int, int] = (0, 0),
     ) -> int:
-        """Queue the entry: ADMITTED, FULL, CLOSED (the version admits nothing) or NO_MEMORY.
+        """Queue the entry: ADMITTED, FULL, LEVEL_FULL, CLOSED or NO_MEMORY.
 
-        FULL: the queue already holds ``max_queue_size`` requests; CLOSED happens in the
+        FULL: the queue already holds ``max_queue_size`` requests; LEVEL_FULL: the request's
+        priority level's queue holds its own ``max_queue_size`` (``level_bound``: the level
+        and that bound, 0 for none); CLOSED (the version admits nothing) happens in the
         model control modes only; NO_MEMORY: Redis holds the share of its maxmemory that
         admission may fill (see :class:`MemoryGauge`). With ``readmit`` (a request admitted
         once, queued again after Redis lost it) the memory share does not apply.
@@ -135,7 +138,7 @@ class Admission:
         gauge = self.gauge(model)
         if not readmit and not await self._memory_admits(model, gauge, size):
             return NO_MEMORY
-        args = stages.entry_args(fields, max_queue_size)
+        args = stages.entry_args(fields, max_queue_size, *level_bound)
         admitted: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._next[(model, version)].append(_Entry(args, admitted))
         if self._flushing is None:
@@ -234,7 +237,7 @@ def refusal(
         return NotFound(
             f"Request for unknown model: '{request.model}' version {request.version} is unloaded"
         )
-    if admitted == FULL:
+    if admitted in (FULL, LEVEL_FULL):  # ``limit``: the bound of the queue that was full
         return Unavailable(
             f"request for model '{request.model}' version '{request.version}' exceeds "
             f"maximum queue size {limit}",

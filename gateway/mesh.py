@@ -19,18 +19,24 @@ import uuid
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
-from gateway.admission import ADMITTED, Admission, refusal
+from gateway.admission import ADMITTED, LEVEL_FULL, Admission, refusal
 from gateway.cancels import Canceller
 from gateway.catalog import Catalog
 from gateway.codec import InferBody, check_parameter_size
 from gateway.deadline import Deadline
 from gateway.parts import PartFilter, PartListener
 from gateway.resubmission import Accepted, Resubmitter
-from gateway.validation import model_parameters, priority_level, sequence_of
+from gateway.validation import (
+    model_parameters,
+    priority_level,
+    queue_fields,
+    request_timeout_s,
+    sequence_of,
+)
 from pipelines.route import Route, Router
 from weir import names, wire
 from weir.control.mode import ControlMode
-from weir.errors import DeadlineExceeded, InvalidInput, ServerError, Unavailable, WeirError
+from weir.errors import DeadlineExceeded, ServerError, Unavailable, WeirError
 from weir.redis_io.link import raise_errors
 from weir.redis_io.links import open_link
 from weir.redis_io.retry import RetryWait
@@ -100,8 +106,8 @@ class MeshClient:
         self.catalog.check_ready(entry.name, version)
         size = sum(len(tensor.data) for tensor in body.inputs.values())
         self._check_budget(size)
-        timeout_s = self._timeout_s(entry, body)
         level = priority_level(entry.config, body)
+        timeout_s = request_timeout_s(self.settings.request_timeout_s, entry.config, body, level)
         request = self._request(entry, version, body, timeout_s)
         request.sequence = sequence_of(self.router.scheduled_config(entry.config), body, batch)
         loop = asyncio.get_running_loop()
@@ -199,24 +205,6 @@ class MeshClient:
         for _, payload in effects.replies:
             self._resolve(payload)
 
-    def _timeout_s(self, entry: ModelEntry, body: InferBody) -> float:
-        # The model's default_timeout_microseconds and the request's `timeout` parameter
-        # (microseconds) may each only lower the server's deadline.
-        timeout_s = self.settings.request_timeout_s
-        batching = entry.config.dynamic_batching
-        default_us = batching.default_queue_policy.default_timeout_microseconds if batching else 0
-        if default_us:
-            timeout_s = min(timeout_s, default_us / 1e6)
-        override = body.parameters.get("timeout")
-        if override is not None:
-            if not isinstance(override, int) or isinstance(override, bool) or override < 0:
-                raise InvalidInput(
-                    "parameter 'timeout' must be a whole number of microseconds, 0 for none"
-                )
-            if override:  # 0: no timeout of the request's own, as Triton reads it
-                timeout_s = min(timeout_s, override / 1e6)
-        return timeout_s
-
     def _request(
         self, entry: ModelEntry, version: str, body: InferBody, timeout_s: float
     ) -> InferRequest:
@@ -251,15 +239,17 @@ class MeshClient:
         # queued again (gateway.resubmission) was admitted once: no limit refuses it now.
         limit = batching.default_queue_policy.max_queue_size if batching else 0
         limit = 0 if readmit else limit or settings.default_max_queue_size
+        level_limit = queue_fields(entry.config, request, level, fields, readmit)
         try:
             admitted = await self.admission.enqueue(
-                request.model, request.version, fields, limit, readmit
+                request.model, request.version, fields, limit, readmit, (level, level_limit)
             )
         except RedisError as exc:  # OOM past maxmemory too: Redis refused the write
             raise Unavailable(f"cannot queue the request: {exc}", settings.retry_after_s) from None
         if admitted != ADMITTED:
             gauge = self.admission.gauge(request.model)
-            raise refusal(request, admitted, limit, gauge, settings.retry_after_s)
+            bound = level_limit if admitted == LEVEL_FULL else limit
+            raise refusal(request, admitted, bound, gauge, settings.retry_after_s)
 
     async def read_replies(self) -> None:
         """The reader task: runs for the gateway's life, whatever a read raises.

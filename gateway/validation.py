@@ -15,7 +15,9 @@ from weir import wire
 from weir.config import ModelConfig, TensorSpec
 from weir.config_sequence import ControlKind
 from weir.errors import BodyTooLarge, InvalidInput
+from weir.stats import Stamp
 from weir.tensors import Tensor
+from weir.wire import InferRequest
 
 
 def check_request(config: ModelConfig, body: InferBody) -> int:
@@ -113,6 +115,56 @@ def _check_tensor(config: ModelConfig, spec: TensorSpec, tensor: Tensor) -> int:
             f"1 to {config.max_batch_size} (max_batch_size)"
         )
     return batch
+
+
+def request_timeout_s(server_s: float, config: ModelConfig, body: InferBody, level: int) -> float:
+    """The request's deadline: the server's, lowered by its queue policy and its ``timeout``.
+
+    The model's ``default_timeout_microseconds`` (its priority level's policy) lowers it when
+    the policy rejects; a policy that delays lets the request wait on (:func:`queue_fields`).
+    The request's ``timeout`` parameter (microseconds) may lower it too; 0 sets none.
+    """
+    timeout_s = server_s
+    batching = config.dynamic_batching
+    policy = batching.policy(level) if batching else None
+    if policy is not None and policy.default_timeout_microseconds and not policy.delays:
+        timeout_s = min(timeout_s, policy.default_timeout_microseconds / 1e6)
+    override = body.parameters.get("timeout")
+    if override is not None:
+        if not isinstance(override, int) or isinstance(override, bool) or override < 0:
+            raise InvalidInput(
+                "parameter 'timeout' must be a whole number of microseconds, 0 for none"
+            )
+        if override:  # 0: no timeout of the request's own, as Triton reads it
+            timeout_s = min(timeout_s, override / 1e6)
+    return timeout_s
+
+
+def queue_fields(
+    config: ModelConfig,
+    request: InferRequest,
+    level: int,
+    fields: dict[bytes, bytes],
+    readmit: bool,
+) -> int:
+    """Add what the batcher needs of the level's queue policy; returns the level's own bound.
+
+    A policy that delays: when the request moves behind the others (unix ms). A level with a
+    policy of its own in ``priority_queue_policy`` and a ``max_queue_size``: that bound, and
+    the request marked as counted in its level (0: not; a request queued again never is).
+    """
+    batching = config.dynamic_batching
+    if batching is None:
+        return 0
+    policy = batching.policy(level)
+    if policy.delays:
+        taken_ms = request.ts.get(Stamp.GATEWAY_IN, wire.now_ns()) // 1_000_000
+        fields[wire.DELAY_AT] = b"%d" % (taken_ms + policy.default_timeout_microseconds // 1000)
+    own = batching.priority_queue_policy.get(level + 1)
+    if own is None or not own.max_queue_size or readmit:
+        return 0
+    fields[wire.LEVEL_COUNTED] = b"1"
+    return own.max_queue_size
 
 
 def priority_level(config: ModelConfig, body: InferBody) -> int:

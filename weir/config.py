@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from weir import config_parameters as params
 from weir import datatypes
+from weir.config_batching import DynamicBatching
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
 from weir.config_optimization import Optimization
 from weir.config_sequence import SequenceBatching, check_sequence_fields, run_tensors
@@ -118,49 +119,6 @@ class TensorSpec(_Strict):
     def datatype(self) -> str:
         """The protocol datatype name (``FP32``, ``BYTES``...)."""
         return self.data_type
-
-
-class QueuePolicy(_Strict):
-    """Triton's ``ModelQueuePolicy``: queue bound and default timeout."""
-
-    timeout_action: str = Field(default="REJECT", pattern="^(REJECT|DELAY)$")
-    default_timeout_microseconds: int = Field(default=0, ge=0)
-    allow_timeout_override: bool = False
-    max_queue_size: int = Field(default=0, ge=0)
-
-
-class DynamicBatching(_Strict):
-    """Triton's ``dynamic_batching`` block (the fields Weir acts on)."""
-
-    preferred_batch_size: tuple[int, ...] = ()
-    max_queue_delay_microseconds: int = Field(default=0, ge=0)
-    preserve_ordering: bool = False
-    priority_levels: int = Field(default=0, ge=0)
-    default_priority_level: int = Field(default=0, ge=0)
-    default_queue_policy: QueuePolicy = QueuePolicy()
-
-    @model_validator(mode="after")
-    def _default_level_in_range(self) -> DynamicBatching:
-        if self.default_priority_level > self.priority_levels:
-            raise ValueError(
-                f"default_priority_level {self.default_priority_level} exceeds "
-                f"priority_levels {self.priority_levels}"
-            )
-        return self
-
-    def level_index(self, priority: int) -> int:
-        """The queue level (0 first) of a request's ``priority`` (1 highest, 0 default)."""
-        if not self.priority_levels:
-            return 0
-        level = priority or self.default_priority_level or self.priority_levels
-        return level - 1
-
-    @field_validator("preferred_batch_size")
-    @classmethod
-    def _positive(cls, value: tuple[int, ...]) -> tuple[int, ...]:
-        if any(size < 1 for size in value):
-            raise ValueError("each preferred_batch_size must be positive")
-        return tuple(sorted(set(value)))
 
 
 class InstanceGroup(_Strict):

@@ -36,6 +36,26 @@ def config_json(config: ModelConfig) -> dict[str, Any]:
             for source in ("zero_data", "random_data", "input_data_file"):
                 if not tensor.get(source):
                     tensor.pop(source, None)  # as Triton: only the source that is set
+    _sequence_types(raw.get("sequence_batching"))
     raw["platform"] = PLATFORMS[config.backend]
     raw["parameters"] = {k: {"string_value": v} for k, v in config.parameters.items()}
     return raw
+
+
+def _sequence_types(sequencing: dict[str, Any] | None) -> None:
+    """The datatypes of a sequence batcher's controls and states, by their config names."""
+    if sequencing is None:
+        return
+    for control_input in sequencing.get("control_input", ()):
+        for control in control_input["control"]:
+            if control.get("data_type"):
+                control["data_type"] = datatypes.PROTOCOL_TO_CONFIG[control["data_type"]]
+            else:
+                control.pop("data_type", None)
+    for state in sequencing.get("state", ()):
+        for tensor in (state, *state.get("initial_state", ())):
+            tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
+        for initial in state.get("initial_state", ()):
+            for source in ("zero_data", "data_file"):
+                if not initial.get(source):
+                    initial.pop(source, None)  # a oneof: only the source that is set

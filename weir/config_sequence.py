@@ -166,14 +166,20 @@ class StateSpec(_Strict):
         return self
 
 
-class Strategy(_Strict):
-    """``direct`` or ``oldest``: how requests of different sequences batch together."""
+class Direct(_Strict):
+    """``direct``: Triton gives each sequence a batch slot; here it batches as ``oldest``."""
+
+    max_queue_delay_microseconds: int = Field(default=0, ge=0)
+    minimum_slot_utilization: float = Field(default=0.0, ge=0.0, le=1.0)
+
+
+class Oldest(_Strict):
+    """``oldest``: the oldest requests of different sequences batch together."""
 
     max_candidate_sequences: int = Field(default=0, ge=0)
     preferred_batch_size: tuple[int, ...] = ()
     max_queue_delay_microseconds: int = Field(default=0, ge=0)
     preserve_ordering: bool = False
-    minimum_slot_utilization: float = Field(default=0.0, ge=0.0, le=1.0)
 
 
 class SequenceBatching(_Strict):
@@ -182,8 +188,8 @@ class SequenceBatching(_Strict):
     max_sequence_idle_microseconds: int = Field(default=DEFAULT_IDLE_US, ge=0)
     control_input: tuple[ControlInput, ...] = ()
     state: tuple[StateSpec, ...] = ()
-    direct: Strategy | None = None
-    oldest: Strategy | None = None
+    direct: Direct | None = None
+    oldest: Oldest | None = None
     iterative_sequence: bool = False
 
     @model_validator(mode="before")
@@ -203,8 +209,12 @@ class SequenceBatching(_Strict):
         return self
 
     @property
-    def strategy(self) -> Strategy:
-        return self.oldest or self.direct or Strategy()
+    def preferred_batch_size(self) -> tuple[int, ...]:
+        return self.oldest.preferred_batch_size if self.oldest else ()
+
+    @property
+    def max_queue_delay_microseconds(self) -> int:
+        return (self.oldest or self.direct or Oldest()).max_queue_delay_microseconds
 
     @property
     def idle_s(self) -> float:
@@ -222,7 +232,7 @@ def check_sequence_fields(config: ModelConfig) -> None:
         return
     if config.dynamic_batching is not None:
         raise ValueError("set only one of dynamic_batching, sequence_batching")
-    preferred = sequence.strategy.preferred_batch_size
+    preferred = sequence.preferred_batch_size
     if preferred and max(preferred) > max(config.max_batch_size, 1):
         raise ValueError(
             f"sequence_batching: preferred_batch_size {max(preferred)} exceeds max_batch_size "

@@ -47,6 +47,11 @@ def queued_counter(model: str, version: str) -> str:
     return _model_key(model, version, "queued")
 
 
+def level_counts(model: str, version: str) -> str:
+    """Hash: requests waiting to be batched, per priority level with a queue bound of its own."""
+    return _model_key(model, version, "level-counts")
+
+
 def cancel_stream(model: str, version: str) -> str:
     """Ids of requests their clients gave up on, for batchers and workers to drop (weir.cancels)."""
     return _model_key(model, version, "cancels")

@@ -28,10 +28,12 @@ from redis.exceptions import ResponseError
 from weir import names, wire
 from weir.redis_io.link import Arg, Command, HotLink, raise_errors
 
-# KEYS: counter, stream, the model's serving set. ARGV: the version to find in the serving
-# set ('' : no check), then for each entry its max_queue_size (0: unbounded), its number of
-# field/value arguments, then those. Returns, per entry, 1 when it was added, 0 when the
-# queue was full and -1 when the version admits nothing (it is being unloaded).
+# KEYS: counter, stream, the model's serving set, its priority levels' counts. ARGV: the
+# version to find in the serving set ('' : no check), then for each entry its max_queue_size
+# (0: unbounded), its priority level and that level's own max_queue_size (0: none, and not
+# counted in its level), its number of field/value arguments, then those. Returns, per
+# entry, 1 when it was added, 0 when the model's queue was full, -3 when its level's was, and
+# -1 when the version admits nothing (it is being unloaded).
 # (Not the counter itself: replies to requests queued before a Redis restart can take it
 # below zero, and a negative count is no refusal.)
 QUEUE_SCRIPT = """
@@ -40,16 +42,21 @@ local at = 2
 local closed = ARGV[1] ~= '' and redis.call('SISMEMBER', KEYS[3], ARGV[1]) == 0
 while at <= #ARGV do
   local limit = tonumber(ARGV[at])
-  local count = tonumber(ARGV[at + 1])
-  local first = at + 2
+  local level = ARGV[at + 1]
+  local level_limit = tonumber(ARGV[at + 2])
+  local count = tonumber(ARGV[at + 3])
+  local first = at + 4
   at = first + count
   if closed then
     results[#results + 1] = -1
   elseif limit > 0 and tonumber(redis.call('GET', KEYS[1]) or '0') >= limit then
     results[#results + 1] = 0
+  elseif level_limit > 0 and tonumber(redis.call('HGET', KEYS[4], level) or '0') >= level_limit then
+    results[#results + 1] = -3
   else
     redis.call('XADD', KEYS[2], '*', unpack(ARGV, first, at - 1))
     redis.call('INCR', KEYS[1])
+    if level_limit > 0 then redis.call('HINCRBY', KEYS[4], level, 1) end
     results[#results + 1] = 1
   end
 end
@@ -71,9 +78,15 @@ def ensure_stream(stream: str) -> Command:
     return ("EVAL", ENSURE_SCRIPT, 1, stream)
 
 
-def entry_args(fields: Mapping[bytes, Arg], max_queue_size: int) -> list[Arg]:
-    """One entry's arguments to :func:`queue`: its limit, then its fields."""
-    args: list[Arg] = [max_queue_size, 2 * len(fields)]
+def entry_args(
+    fields: Mapping[bytes, Arg], max_queue_size: int, level: int = 0, level_limit: int = 0
+) -> list[Arg]:
+    """One entry's arguments to :func:`queue`: its limits, then its fields.
+
+    ``level_limit``: its priority level's own ``max_queue_size`` (0: none); an entry counted
+    in its level carries ``wire.LEVEL_COUNTED``, for the batcher to take it off (:func:`unqueue`).
+    """
+    args: list[Arg] = [max_queue_size, level, level_limit, 2 * len(fields)]
     for key, value in fields.items():
         args.extend((key, value))
     return args
@@ -91,8 +104,15 @@ def queue(model: str, version: str, entries: Iterable[Arg], check_version: str =
         names.queued_counter(model, version),
         names.request_stream(model, version),
         names.serving_versions(model),
+        names.level_counts(model, version),
     )
-    return ("EVAL", QUEUE_SCRIPT, 3, *keys, check_version, *entries)
+    return ("EVAL", QUEUE_SCRIPT, 4, *keys, check_version, *entries)
+
+
+def unqueue(model: str, version: str, levels: Mapping[int, int]) -> list[Command]:
+    """Take requests that left the batcher's queue off their levels' counts."""
+    key = names.level_counts(model, version)
+    return [("HINCRBY", key, level, -count) for level, count in levels.items()]
 
 
 def forward(request: wire.InferRequest, batch: int) -> Command:

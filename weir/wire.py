@@ -10,11 +10,13 @@ number, from 0, in the run that sent it; the reply without ``part`` ends the ans
 Stream entries hold the encoded map under one field (``m``). A request entry also carries,
 as plain fields, what the batcher needs without decoding tensors: its batch size (``n``),
 deadline (``d``), priority level (``p``), id (``i``) and reply stream (``r``); a request of a
-sequence also its sequence's key (``q``) and flags (``f``). A credit entry (a worker
-announcing free instances) carries their number (``c``) and, for a sequence model, the keys
-of the sequences whose requests the batch ran (``s``). Batch entries and reply
-entries hold a msgpack list of encoded maps under ``m``: the members of a batch, or every
-reply one transaction has for one gateway (one ``XADD`` per gateway, not per reply).
+sequence also its sequence's key (``q``) and flags (``f``); under a queue policy that delays,
+when it moves behind the others (``w``); counted in its priority level's queue, ``l``. A
+credit entry (a worker announcing free instances) carries their number (``c``) and, for a
+sequence model, the keys of the sequences whose requests the batch ran (``s``). Batch
+entries and reply entries hold a msgpack list of encoded maps under ``m``: the members of a
+batch, or every reply one transaction has for one gateway (one ``XADD`` per gateway, not per
+reply).
 """
 
 from __future__ import annotations
@@ -39,6 +41,8 @@ CREDITS = b"c"
 SEQUENCE = b"q"
 SEQUENCE_FLAGS = b"f"
 SEQUENCES = b"s"
+DELAY_AT = b"w"  # when a request past its queue timeout moves behind the others (unix ms)
+LEVEL_COUNTED = b"l"  # counted in its priority level's queue (its own max_queue_size)
 # A request's sequence flags, Triton's values.
 SEQUENCE_START = 1
 SEQUENCE_END = 2

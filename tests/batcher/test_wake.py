@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from batcher.lane import Wake
+from batcher.wake import Wake
 
 
 async def test_a_wake_set_before_the_wait_returns_at_once_and_clear_resets_it() -> None:

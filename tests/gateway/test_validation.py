@@ -8,10 +8,13 @@ import numpy as np
 import pytest
 
 from gateway.codec import InferBody, RequestedOutput
-from gateway.validation import check_request
+from gateway.validation import check_request, queue_fields, request_timeout_s
+from weir import wire
 from weir.config import ModelConfig
 from weir.errors import InvalidInput
+from weir.stats import Stamp
 from weir.tensors import Tensor
+from weir.wire import InferRequest
 
 
 def model(max_batch_size: int = 8, **overrides: Any) -> ModelConfig:
@@ -154,3 +157,32 @@ def test_unbatched_model_rejects_a_leading_batch_dim() -> None:
 def test_unbatched_model_checks_fixed_dims() -> None:
     message = rejected(model(max_batch_size=0), body((3, 9), (4,)))
     assert "unexpected shape for input 'MASK'" in message and "got [4]" in message
+
+
+POLICIES = {
+    "priority_levels": 2,
+    "default_queue_policy": {"default_timeout_microseconds": 2_000_000},
+    "priority_queue_policy": {
+        2: {"timeout_action": "DELAY", "default_timeout_microseconds": 500_000, "max_queue_size": 4}
+    },
+}
+
+
+def test_a_rejecting_levels_timeout_lowers_the_deadline_a_delaying_ones_does_not() -> None:
+    config = model(dynamic_batching=POLICIES)
+    assert request_timeout_s(30.0, config, body(), 0) == 2.0
+    assert request_timeout_s(30.0, config, body(), 1) == 30.0  # it waits behind the others
+    timed = body()
+    timed.parameters = {"timeout": 100_000}
+    assert request_timeout_s(30.0, config, timed, 1) == 0.1  # the request's own still counts
+
+
+def test_a_delaying_level_marks_when_a_request_moves_back_and_counts_it() -> None:
+    config = model(dynamic_batching=POLICIES)
+    request = InferRequest("r", "clf", "1", {}, "", 0, ts={Stamp.GATEWAY_IN: 10_000_000_000})
+    fields: dict[bytes, bytes] = {}
+    assert queue_fields(config, request, 1, fields, readmit=False) == 4
+    assert fields == {wire.DELAY_AT: b"10500", wire.LEVEL_COUNTED: b"1"}
+    again: dict[bytes, bytes] = {}
+    assert queue_fields(config, request, 1, again, readmit=True) == 0  # admitted once
+    assert queue_fields(config, request, 0, {}, readmit=False) == 0  # level 1: no bound of its own

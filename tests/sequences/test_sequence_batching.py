@@ -228,6 +228,7 @@ def test_the_model_config_shows_its_sequence_batching(mesh: Mesh) -> None:
     try:
         over_grpc = grpc.get_model_config("py_acc", as_json=True)["config"]["sequence_batching"]
         over_http = http.get_model_config("py_acc")["sequence_batching"]
+        with_initial = grpc.get_model_config("torch_acc", as_json=True)["config"]
     finally:
         grpc.close()
         http.close()
@@ -242,3 +243,6 @@ def test_the_model_config_shows_its_sequence_batching(mesh: Mesh) -> None:
         ]
         assert shown["state"][0]["input_name"] == "INPUT_STATE"
         assert int(shown["max_sequence_idle_microseconds"]) == 1_500_000
+    (state,) = with_initial["sequence_batching"]["state"]
+    assert state["initial_state"][0]["zero_data"] is True
+    assert state["data_type"] == "TYPE_FP32"
