@@ -153,11 +153,11 @@ def _initial(state: StateSpec, model_dir: Path) -> np.ndarray:
     """A state's value on a sequence's start (without the batch dimension)."""
     dtype = object if state.data_type == "BYTES" else datatypes.numpy_dtype(state.data_type)
     if not state.initial_state:  # Triton leaves it undefined; zeros, each variable dim 1
-        return np.zeros([d if d > 0 else 1 for d in state.dims] or [1], dtype=dtype)
+        return _zeros([d if d > 0 else 1 for d in state.dims] or [1], dtype)
     initial = state.initial_state[0]
     shape = list(initial.dims) or [1]
     if initial.zero_data:
-        return np.zeros(shape, dtype=dtype)
+        return _zeros(shape, dtype)
     path = model_dir / INITIAL_STATE_FOLDER / initial.data_file
     try:
         raw = path.read_bytes()
@@ -171,3 +171,8 @@ def _initial(state: StateSpec, model_dir: Path) -> np.ndarray:
             f"state {state.input_name}: {path} does not hold dims {shape} of "
             f"{state.data_type}: {exc}"
         ) from None
+
+
+def _zeros(shape: list[int], dtype: Any) -> np.ndarray:
+    """Zeros; for BYTES, empty strings."""
+    return np.full(shape, b"", dtype=object) if dtype is object else np.zeros(shape, dtype=dtype)

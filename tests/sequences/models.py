@@ -93,6 +93,51 @@ output [ {{ name: "OUTPUT" data_type: TYPE_FP32 dims: [ 2 ] }} ]
 """
 
 
+TEXT_CONFIG = """
+name: "py_text"
+backend: "python"
+max_batch_size: 0
+sequence_batching {
+  control_input [
+    { name: "START" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] },
+    { name: "CORRID" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }
+  ]
+  state [ { input_name: "SEEN" output_name: "SEEN_OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+}
+input [ { name: "WORD" data_type: TYPE_STRING dims: [ 1 ] } ]
+output [
+  { name: "TEXT" data_type: TYPE_STRING dims: [ 1 ] },
+  { name: "ID" data_type: TYPE_STRING dims: [ 1 ] }
+]
+"""
+
+# Strings, unbatched: the words of the sequence so far, kept as a state of variable length.
+TEXT_MODEL = """
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+def tensor(request, name):
+    return pb_utils.get_input_tensor_by_name(request, name).as_numpy()
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        responses = []
+        for request in requests:
+            seen = [] if tensor(request, "START")[0] else list(tensor(request, "SEEN"))
+            words = seen + [tensor(request, "WORD")[0]]
+            outputs = {
+                "TEXT": np.array([b" ".join(words)], dtype=object),
+                "ID": tensor(request, "CORRID"),
+                "SEEN_OUT": np.array(words, dtype=object),
+            }
+            responses.append(pb_utils.InferenceResponse(
+                [pb_utils.Tensor(name, array) for name, array in outputs.items()]
+            ))
+        return responses
+"""
+
 PIPELINE_CONFIG = """
 name: "acc_pipeline"
 platform: "ensemble"
@@ -126,6 +171,10 @@ def write_repository(root: Path, idle_us: int = 2_000_000) -> Path:
     (python / "1").mkdir(parents=True)
     (python / "config.pbtxt").write_text(PYTHON_CONFIG.replace("{idle_us}", str(idle_us)))
     (python / "1" / "model.py").write_text(textwrap.dedent(PYTHON_MODEL))
+    text = root / "py_text"
+    (text / "1").mkdir(parents=True)
+    (text / "config.pbtxt").write_text(TEXT_CONFIG)
+    (text / "1" / "model.py").write_text(textwrap.dedent(TEXT_MODEL))
     (root / "acc_pipeline" / "1").mkdir(parents=True)
     (root / "acc_pipeline" / "config.pbtxt").write_text(PIPELINE_CONFIG)
     module = Accumulator().eval()

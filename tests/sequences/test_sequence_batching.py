@@ -141,6 +141,23 @@ def test_torchscript_and_onnx_models_carry_implicit_state(mesh: Mesh, model: str
         client.close()
 
 
+def test_an_unbatched_model_keeps_a_string_state_of_its_own_length(mesh: Mesh) -> None:
+    client = grpcclient.InferenceServerClient(mesh.grpc_target)
+    texts = []
+    try:
+        for step, word in enumerate([b"the", b"quick", b"fox"]):
+            tensor = grpcclient.InferInput("WORD", [1], "BYTES")
+            tensor.set_data_from_numpy(np.array([word], dtype=object))
+            result = client.infer(
+                "py_text", [tensor], sequence_id="words-1", sequence_start=step == 0
+            )
+            assert result.as_numpy("ID")[0] == b"words-1"
+            texts.append(result.as_numpy("TEXT")[0])
+    finally:
+        client.close()
+    assert texts == [b"the", b"the quick", b"the quick fox"]
+
+
 def infer(mesh: Mesh, parameters: dict, value: int = 1, rows: int = 1) -> httpx.Response:  # type: ignore[type-arg]
     body = {
         "inputs": [
