@@ -9,13 +9,17 @@ its state, and the sum goes on.
 from __future__ import annotations
 
 import signal
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
 import pytest
+import redis
 
 from tests.chaos.helpers import Topology
+from tests.conftest import http_ready, wait_until
 from tests.sequences.models import write_repository
+from weir import names
 from weir.redis_server import RedisServer, free_port
 
 pytestmark = pytest.mark.timeout(180)
@@ -50,3 +54,46 @@ def test_a_sequence_goes_on_after_its_batcher_and_worker_die(tmp_path: Path) -> 
         finally:
             mesh.stop_all()
         assert "batching the sequences of py_acc:1" in mesh.log("batcher-2")
+
+
+def test_a_request_whose_worker_dies_holding_it_moves_the_state_on_once(tmp_path: Path) -> None:
+    """Killed holding the batch of a sequence's request (delivered to it, not acked): its
+    state is unwritten, since it goes with the batch's ack, so the worker that claims the
+    batch runs it from the state before it, and the sum counts the request once."""
+    repository = write_repository(tmp_path / "models", idle_us=60_000_000)
+    port = free_port()
+    batches = names.batch_stream("py_acc", "1")
+    with RedisServer() as server:
+        env = {
+            "WEIR_HEARTBEAT_TTL_S": "1",
+            "WEIR_WORKER_RECLAIM_IDLE_MS": "200",
+            "WEIR_WORKER_RECLAIM_INTERVAL_S": "0.2",
+        }
+        mesh = Topology(server.url, repository, tmp_path, env)
+        client = redis.Redis.from_url(server.url)
+        try:
+            mesh.start("batcher", "batcher")
+            victim = mesh.start("worker", "worker-a", WEIR_WORKER_NAME="a")
+            mesh.start("gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(port))
+            url = f"http://127.0.0.1:{port}"
+            wait_until(lambda: http_ready(f"{url}/v2/health/ready"), 60, "the mesh")
+            assert add(url, 5, start=True) == 5
+            victim.send_signal(signal.SIGSTOP)
+            with ThreadPoolExecutor(1) as pool:
+                answer = pool.submit(add, url, 6)
+                wait_until(lambda: pending(client, batches, "cpu-a") > 0, 20, "a held batch")
+                victim.send_signal(signal.SIGKILL)
+                victim.wait()
+                mesh.start("worker", "worker-b", WEIR_WORKER_NAME="b")
+                assert answer.result(timeout=60) == 11
+            assert add(url, 7) == 18
+        finally:
+            client.close()
+            mesh.stop_all()
+        assert "from dead workers" in mesh.log("worker-b")
+
+
+def pending(client: redis.Redis, stream: str, consumer: str) -> int:
+    summary = client.xpending(stream, "workers")
+    owners = {c["name"].decode(): int(c["pending"]) for c in summary["consumers"] or []}
+    return owners.get(consumer, 0)
