@@ -189,6 +189,9 @@ class Batcher(Service):
             lane = self.lanes[stream]
             if await self.retirement.may_go(lane.model, lane.version):
                 logger.info("lane %s:%s retired", lane.model, lane.version)
+                if lane.book is not None and stream in self.routes:  # its sequences end too
+                    await self.redis.delete(names.sequence_states(lane.model, lane.version))
+                    await self.lease.release(lane.model, lane.version)
                 self.retiring.discard(stream)
                 del self.lanes[stream]
                 self.routes.pop(lane.request_stream, None)

@@ -97,3 +97,27 @@ def pending(client: redis.Redis, stream: str, consumer: str) -> int:
     summary = client.xpending(stream, "workers")
     owners = {c["name"].decode(): int(c["pending"]) for c in summary["consumers"] or []}
     return owners.get(consumer, 0)
+
+
+def test_unloading_a_sequence_model_ends_its_sequences(tmp_path: Path) -> None:
+    repository = write_repository(tmp_path / "models", idle_us=60_000_000)
+    port = free_port()
+    env = {
+        "WEIR_MODEL_CONTROL_MODE": "explicit",
+        "WEIR_LOAD_MODEL": "py_acc",
+        "WEIR_RETIRE_TIMEOUT_S": "2",
+    }
+    with RedisServer() as server:
+        mesh = Topology(server.url, repository, tmp_path, env)
+        client = redis.Redis.from_url(server.url)
+        states = names.sequence_states("py_acc", "1")
+        try:
+            url = mesh.start_mesh(port)
+            assert add(url, 5, start=True) == 5
+            assert client.hkeys(states) == [b"8"]
+            unloaded = httpx.post(f"{url}/v2/repository/models/py_acc/unload", timeout=60)
+            assert unloaded.status_code == 200, unloaded.text
+            wait_until(lambda: not client.exists(states), 30, "the sequences to end")
+        finally:
+            client.close()
+            mesh.stop_all()
