@@ -37,6 +37,7 @@ from weir.config import (
     VersionPolicy,
 )
 from weir.config_parameters import flatten_parameters
+from weir.config_ragged import unbatched_ranks
 from weir.errors import ConfigError
 from weir.onnx_file import read_onnx_signature
 from weir.openvino_file import read_openvino_signature
@@ -112,14 +113,19 @@ def complete(
 
 
 def _server_filled(raw: dict[str, Any]) -> set[str]:
-    """A sequence model's control and state tensors: the server's, not a client's."""
+    """Batch inputs, a sequence model's control and state tensors: the server's, not a client's."""
+    names: set[Any] = set()
+    for batch_input in raw.get("batch_input") or []:
+        if isinstance(batch_input, dict):
+            names.update(batch_input.get("target_name") or [])
     sequencing = raw.get("sequence_batching")
-    if not isinstance(sequencing, dict):
-        return set()
-    names = {c.get("name") for c in sequencing.get("control_input") or [] if isinstance(c, dict)}
-    for state in sequencing.get("state") or []:
-        if isinstance(state, dict):
-            names.update((state.get("input_name"), state.get("output_name")))
+    if isinstance(sequencing, dict):
+        for control in sequencing.get("control_input") or []:
+            if isinstance(control, dict):
+                names.add(control.get("name"))
+        for state in sequencing.get("state") or []:
+            if isinstance(state, dict):
+                names.update((state.get("input_name"), state.get("output_name")))
     return {name for name in names if isinstance(name, str)}
 
 
@@ -227,10 +233,14 @@ def check_signature(config: ModelConfig, source: Path, signature: ModelSignature
     where = f"{signature.path} (config {source.name if source.is_file() else 'filled in'})"
     model_inputs = {t.name: t for t in signature.inputs}
     model_outputs = {t.name: t for t in signature.outputs}
+    ranks = unbatched_ranks(config)
     for spec in config.input:
-        _check_tensor(config, where, "input", spec, model_inputs)
-    for spec in config.output:
-        _check_tensor(config, where, "output", spec, model_outputs)
+        _check_tensor(config, where, "input", spec, model_inputs, ranks.get(spec.name))
+    scattered = {name for output in config.batch_output for name in output.target_name}
+    for spec in config.output:  # a scattered one: the model's rows are elements, any rank
+        _check_tensor(
+            config, where, "output", spec, model_outputs, 0 if spec.name in scattered else None
+        )
     given = {spec.name for spec in config.input}
     missing = [name for name in model_inputs if name not in given]
     if missing:
@@ -246,7 +256,9 @@ def _check_tensor(
     kind: str,
     spec: TensorSpec,
     model: dict[str, TensorSignature],
+    rank: int | None = None,
 ) -> None:
+    """``rank``: a ragged input's or a batch input's, the model's whatever it batches; 0: any."""
     tensor = model.get(spec.name)
     if tensor is None:
         raise ConfigError(
@@ -259,7 +271,12 @@ def _check_tensor(
             f"{datatypes.PROTOCOL_TO_CONFIG[spec.datatype]}, the model has "
             f"{datatypes.PROTOCOL_TO_CONFIG.get(tensor.datatype, tensor.datatype)}"
         )
-    if tensor.dims is not None:
+    if tensor.dims is not None and rank and len(tensor.dims) != rank:
+        raise ConfigError(
+            f"{where}: {kind} {spec.name!r}: the model takes rank {len(tensor.dims)}; a ragged "
+            f"input or batch input of this kind comes as rank {rank}"
+        )
+    if tensor.dims is not None and rank is None:
         _check_dims(config, where, kind, spec, tensor.dims)
 
 

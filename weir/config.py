@@ -22,6 +22,7 @@ from weir import datatypes
 from weir.config_batching import DynamicBatching
 from weir.config_ensemble import EnsembleScheduling, check_ensemble_fields
 from weir.config_optimization import Optimization
+from weir.config_ragged import BatchInput, BatchOutput, batch_input_specs, check_ragged_fields
 from weir.config_sequence import SequenceBatching, check_sequence_fields, run_tensors
 from weir.config_warmup import ModelWarmup, check_warmup_fields
 from weir.errors import ConfigError
@@ -95,6 +96,7 @@ class TensorSpec(_Strict):
     data_type: str
     dims: tuple[int, ...]
     optional: bool = False
+    allow_ragged_batch: bool = False  # an input's (weir.config_ragged)
     # An output's class labels, one per line, in the model directory (classification).
     label_filename: str = ""
 
@@ -193,6 +195,8 @@ class ModelConfig(_Strict):
     max_batch_size: int = Field(default=0, ge=0)
     input: tuple[TensorSpec, ...] = Field(min_length=1)
     output: tuple[TensorSpec, ...] = Field(min_length=1)
+    batch_input: tuple[BatchInput, ...] = ()
+    batch_output: tuple[BatchOutput, ...] = ()
     dynamic_batching: DynamicBatching | None = None
     sequence_batching: SequenceBatching | None = None
     instance_group: tuple[InstanceGroup, ...] = (InstanceGroup(),)
@@ -256,6 +260,7 @@ class ModelConfig(_Strict):
         check_ensemble_fields(self)
         check_warmup_fields(self)
         check_sequence_fields(self)
+        check_ragged_fields(self)
         preferred = self.dynamic_batching.preferred_batch_size if self.dynamic_batching else ()
         if preferred and max(preferred) > max(self.max_batch_size, 1):
             raise ValueError(
@@ -265,8 +270,9 @@ class ModelConfig(_Strict):
         return self
 
     def run_config(self) -> ModelConfig:
-        """The config an instance runs with: a sequence model's control and state tensors too."""
+        """The config an instance runs with: control, state and batch inputs too."""
         inputs, outputs = run_tensors(self)
+        inputs += batch_input_specs(self)
         if not inputs and not outputs:
             return self
         return self.model_copy(

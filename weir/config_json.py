@@ -30,6 +30,10 @@ def config_json(config: ModelConfig) -> dict[str, Any]:
             tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]
     for tensor in raw["input"]:
         tensor.pop("label_filename", None)  # an output's field in model_config.proto
+    for tensor in raw["output"]:
+        tensor.pop("allow_ragged_batch", None)  # an input's
+    for batch_input in raw.get("batch_input", ()):
+        batch_input["data_type"] = datatypes.PROTOCOL_TO_CONFIG[batch_input["data_type"]]
     for sample in raw.get("model_warmup", ()):
         for tensor in sample.get("inputs", {}).values():
             tensor["data_type"] = datatypes.PROTOCOL_TO_CONFIG[tensor["data_type"]]

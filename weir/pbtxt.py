@@ -43,7 +43,6 @@ IGNORED_TENSOR_FIELDS = frozenset(
         "reshape",
         "is_shape_tensor",
         "is_non_linear_format_io",
-        "allow_ragged_batch",
     }
 )
 IGNORED_INSTANCE_GROUP_FIELDS = frozenset(

@@ -33,6 +33,7 @@ from weir.tensors import Tensor
 from weir.wire import InferReply, InferRequest, now_ns
 from workers.backends.base import ModelBackend
 from workers.batch_wait import BatchWait, PartSink, never, running
+from workers.ragged import Ragged
 
 logger = logging.getLogger(__name__)
 
@@ -64,6 +65,7 @@ class BatchRunner:
         self.isolation_runs = isolation_runs
         self.is_canceled: Callable[[str], bool] = never  # the batch being run's
         self.part_sink: PartSink | None = None  # where a streaming backend's parts go
+        self.ragged = Ragged(config)
 
     def run(self, requests: list[InferRequest]) -> tuple[list[InferReply], list[int]]:
         """One reply per request, in order, and the batch size of each backend call made.
@@ -94,7 +96,9 @@ class BatchRunner:
         # Members batch together only when they carry the same inputs with the same shapes.
         skip = 1 if self.batches else 0
         return tuple(
-            request.inputs[spec.name].shape[skip:] if spec.name in request.inputs else None
+            request.inputs[spec.name].shape[skip:]
+            if spec.name in request.inputs and spec.name not in self.ragged.shape_free
+            else None
             for spec in self.config.input
         )
 
@@ -137,6 +141,8 @@ class BatchRunner:
         sizes = [self._rows(r) for r in members]
         present = [spec.name for spec in self.config.input if spec.name in members[0].inputs]
         inputs = {name: self._gather(name, members) for name in present}
+        if self.ragged.batch_inputs:
+            inputs.update(self.ragged.computed(members))
         computed = now_ns()
         with running(members, self.is_canceled, self.part_sink, sizes if self.batches else ()):
             outputs = self.backend.infer(inputs)
@@ -159,6 +165,8 @@ class BatchRunner:
         return next(iter(request.inputs.values())).shape[0]
 
     def _gather(self, name: str, members: list[InferRequest]) -> np.ndarray:
+        if name in self.ragged.flat:
+            return self.ragged.gather(name, members)
         arrays = [r.inputs[name].to_numpy() for r in members]
         if not self.batches:
             return arrays[0].copy()
@@ -178,7 +186,7 @@ class BatchRunner:
         self._check_rows(outputs, sizes)
         every = [spec.name for spec in self.config.output]
         wanted = [r.outputs or every for r in members]
-        parts = {name: self._parts(name, outputs[name], sizes) for name in dict.fromkeys(
+        parts = {name: self._parts(name, outputs[name], sizes, members) for name in dict.fromkeys(
             name for names in wanted for name in names
         )}  # fmt: skip
         return [
@@ -191,13 +199,17 @@ class BatchRunner:
             return
         total = sum(sizes)
         for name, array in outputs.items():
+            if name in self.ragged.scattered:  # cut by its source input's elements instead
+                continue
             if array.ndim == 0 or array.shape[0] != total:
                 raise ServerError(
                     f"model '{self.config.name}' returned {name} with shape {list(array.shape)} "
                     f"for a batch of {total}: one output row per input row is required"
                 )
 
-    def _parts(self, name: str, array: np.ndarray, sizes: list[int]) -> list[Tensor]:
+    def _parts(
+        self, name: str, array: np.ndarray, sizes: list[int], members: list[InferRequest]
+    ) -> list[Tensor]:
         """One output as a tensor per member, its datatype checked once for the batch.
 
         Its bytes are made once and sliced by rows.
@@ -213,6 +225,8 @@ class BatchRunner:
             )
         if not self.batches:
             return [Tensor.from_numpy(array, spec.datatype)]
+        if name in self.ragged.scattered:
+            return self.ragged.scatter(name, array, members, spec.datatype)
         if spec.datatype == datatypes.BYTES:  # elements of their own lengths: row by row
             bounds = np.cumsum(sizes)[:-1]
             return [Tensor.from_numpy(part, spec.datatype) for part in np.split(array, bounds)]

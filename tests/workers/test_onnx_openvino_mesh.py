@@ -128,7 +128,13 @@ def test_the_completed_config_is_served_over_http_and_grpc(mesh: Mesh) -> None:
     assert config["platform"] == "onnxruntime_onnx"
     assert config["max_batch_size"] == 64
     assert config["input"] == [
-        {"name": "input_ids", "data_type": "TYPE_INT64", "dims": [128], "optional": False}
+        {
+            "name": "input_ids",
+            "data_type": "TYPE_INT64",
+            "dims": [128],
+            "optional": False,
+            "allow_ragged_batch": False,
+        }
     ]
     assert [(o["name"], o["dims"]) for o in config["output"]] == [("logits", [2])]
     client = grpcclient.InferenceServerClient(mesh.grpc_target)
