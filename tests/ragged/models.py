@@ -1,4 +1,4 @@
-"""A ragged model for the tests, TorchScript and ONNX: per-request sums of a ragged input.
+"""A ragged model for the tests, in three runtimes: per-request sums of a ragged input.
 
 ``INPUT`` comes as every request's elements concatenated; ``INDEX`` (a batch input, where
 each request ends) splits it. ``SUM`` is each request's sum, ``COUNT`` the requests in the
@@ -47,8 +47,12 @@ class SegmentSum(torch.nn.Module):
 
 
 def write_repository(root: Path) -> Path:
+    """The model for each runtime: TorchScript, ONNX, and OpenVINO IR converted from it."""
+    import openvino as ov
+
     module = SegmentSum().eval()
-    for name, backend in (("ragged_torch", "pytorch"), ("ragged_onnx", "onnxruntime")):
+    backends = (("ragged_torch", "pytorch"), ("ragged_onnx", "onnxruntime"))
+    for name, backend in (*backends, ("ragged_openvino", "openvino")):
         (root / name / "1").mkdir(parents=True)
         (root / name / "config.pbtxt").write_text(CONFIG.format(name=name, backend=backend))
     torch.jit.script(module).save(str(root / "ragged_torch" / "1" / "model.pt"))
@@ -65,4 +69,6 @@ def write_repository(root: Path) -> Path:
             opset_version=17,
             dynamo=False,
         )
+    converted = ov.convert_model(str(root / "ragged_onnx" / "1" / "model.onnx"))
+    ov.save_model(converted, str(root / "ragged_openvino" / "1" / "model.xml"))
     return root

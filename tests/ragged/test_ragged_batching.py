@@ -1,4 +1,4 @@
-"""Triton's ragged batching over the mesh, with a TorchScript and an ONNX model.
+"""Triton's ragged batching over the mesh, with TorchScript, ONNX Runtime and OpenVINO.
 
 Requests of different lengths share a batch: the model gets their elements concatenated and
 a batch input saying where each ends, and answers each request its own sum and its own
@@ -47,7 +47,7 @@ async def send_all(url: str, rows: list[np.ndarray]) -> list[dict]:  # type: ign
         return await asyncio.gather(*(one(row) for row in rows))
 
 
-@pytest.mark.parametrize("model", ["ragged_torch", "ragged_onnx"])
+@pytest.mark.parametrize("model", ["ragged_torch", "ragged_onnx", "ragged_openvino"])
 def test_requests_of_different_lengths_share_a_batch_and_get_their_own_answers(
     mesh: Mesh, model: str
 ) -> None:
