@@ -25,7 +25,7 @@ import yaml
 from tests.chaos.helpers import Topology, closed_loop, private_repository
 from tests.conftest import EXAMPLES, http_ready, wait_until
 from weir.redis_server import RedisServer, free_port
-from weir.repository import Repository
+from weir.repository import load_model
 from workers.backends import load_backend
 
 CUDA = torch.cuda.is_available()
@@ -60,7 +60,9 @@ def on_gpu(repository: Path, name: str, count: int = 1, **extra: Any) -> None:
 
 
 def load(repository: Path, name: str, device: int | None, instances: int = 1) -> Any:
-    entry = Repository.load(repository).models[name]
+    """``name``'s backend from ``repository``, loaded alone (the examples not built here, such
+    as OpenVINO's on an image without it, have no version directory to serve)."""
+    entry = load_model(repository, name)
     return load_backend(entry.config, entry.version_path("1"), None, instances, None, device)
 
 
@@ -70,7 +72,7 @@ def test_torch_on_the_gpu_answers_as_on_the_cpu(
 ) -> None:
     cpu = load(example_repository, name, None).instance()
     gpu = load(example_repository, name, 0).instance()
-    entry = Repository.load(example_repository).models[name]
+    entry = load_model(example_repository, name)
     rng = np.random.default_rng(5)
     inputs = {}
     for spec in entry.config.input:

