@@ -1,9 +1,17 @@
 """Runs the gateway under uvicorn (uvloop and httptools when installed).
 
-With ``processes`` > 1 the parent binds the HTTP socket, forks that many gateway processes
-that accept on it, and serves the metrics of all of them (prometheus-client's multiprocess
-directory) on the metrics port; SIGTERM or SIGINT is passed on to every process. Each
-process serves gRPC on the same port, bound with ``SO_REUSEPORT``
+With ``processes`` > 1 the parent binds the HTTP port, forks that many gateway processes,
+and serves the metrics of all of them (prometheus-client's multiprocess directory) on the
+metrics port; SIGTERM or SIGINT is passed on to every process. By default
+(``reuse_port``) each process listens on a socket of its own bound to the port with
+``SO_REUSEPORT``, so the kernel spreads connections evenly over the processes by their
+addresses; the parent's socket, bound with it but never listening, only holds the port. A
+socket shared by every process is drained by whichever process wakes first (its event
+loop accepts all that wait), so a burst of connections lands unevenly, one process holding
+a score of them for each of another's, and the processes' cores idle unevenly under load.
+The price: connections still waiting in a process's own queue when it closes are reset
+(Linux 5.14+ moves them to the other processes with ``net.ipv4.tcp_migrate_req=1``).
+Each process serves gRPC on the same port, bound with ``SO_REUSEPORT``
 (:mod:`gateway.grpc_server`); the parent starts no gRPC, which must not run across a fork.
 
 On SIGTERM uvicorn stops accepting connections and lets in-flight requests finish (up to the
@@ -103,20 +111,37 @@ def management_port(settings: GatewaySettings) -> int:
     return settings.ts_management_port if settings.model_store is not None else 0
 
 
-def _sockets(settings: GatewaySettings) -> list[socket.socket]:
+def _sockets(settings: GatewaySettings, reuse_port: bool = False) -> list[socket.socket]:
     """The HTTP socket, and the management socket when there is one."""
-    sockets = [_bind(settings.host, settings.http_port)]
+    sockets = [_bind(settings.host, settings.http_port, reuse_port)]
     if management_port(settings):
-        sockets.append(_bind(settings.ts_management_host, settings.ts_management_port))
+        sockets.append(_bind(settings.ts_management_host, settings.ts_management_port, reuse_port))
     return sockets
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((host, port))
     sock.set_inheritable(True)
     return sock
+
+
+def _own_sockets(held: list[socket.socket]) -> list[socket.socket]:
+    """A socket of this process's own for each of the parent's, on its address (port 0 too)."""
+    own = []
+    for sock in held:
+        host, port = sock.getsockname()[:2]
+        own.append(_bind(host, port, reuse_port=True))
+        sock.close()  # this process's copy of the parent's; the parent keeps the port
+    return own
+
+
+def spreads_connections(settings: GatewaySettings) -> bool:
+    """Whether each gateway process listens on its own ``SO_REUSEPORT`` socket."""
+    return settings.processes > 1 and settings.reuse_port and hasattr(socket, "SO_REUSEPORT")
 
 
 def _config(settings: GatewaySettings, app: ASGIApp) -> uvicorn.Config:
@@ -148,7 +173,7 @@ def serve(settings: GatewaySettings) -> None:
 
 
 def _serve_processes(settings: GatewaySettings) -> None:
-    sockets = _sockets(settings)
+    sockets = _sockets(settings, reuse_port=spreads_connections(settings))
     context = multiprocessing.get_context("fork")
     children = [
         context.Process(target=_child, args=(settings, sockets), name=f"gateway-{i}")
@@ -177,6 +202,8 @@ def _serve_processes(settings: GatewaySettings) -> None:
 
 
 def _child(settings: GatewaySettings, sockets: list[socket.socket]) -> None:
+    if spreads_connections(settings):
+        sockets = _own_sockets(sockets)
     _server(settings, serve_metrics=False).run(sockets=sockets)
 
 
