@@ -10,7 +10,10 @@ rate), and drives a closed loop of ``--concurrency-per-gateway`` times G keep-al
 posting the bench's request body (:mod:`bench.workload`): ``--warmup-s`` not counted, then
 ``--duration-s`` counted. Per point: req/s, its growth over one gateway, p50 and p99,
 failures, the mean batch (the model's statistics), the CPU per request of each process role
-(:mod:`bench.cpu`) and the cores the mesh kept busy.
+(:mod:`bench.cpu`) and the cores the mesh kept busy. With ``--rounds`` N > 1 the points run N
+times, in alternating order (1, 2, 4, 8, then 8, 4, 2, 1, ...), and each gateway count's best
+round is reported, as the CPU bench takes the best of alternating rounds: a machine whose
+speed drifts over minutes then favours no point.
 
 A single Redis and, unless more are asked for, a single batcher serve every gateway; the
 processes' CPU per request shows which of them a run ran into. "Enough workers": by default
@@ -77,6 +80,7 @@ class Point:
     cpu_us: dict[str, float] = field(default_factory=dict)  # per request, by process role
     cores_busy: float = 0.0
     error: str = ""
+    round: int = 1
 
 
 def scaled(fixed: int, gateways: int, per: int) -> int:
@@ -130,7 +134,8 @@ def load(url: str, body: Path, connections: int, seconds: float, args: argparse.
 
 def measure(repository: Path, body: Path, point: Point, args: argparse.Namespace) -> Point:
     """Start a mesh of ``point``'s size, load it, stop it; the point filled in."""
-    log_path = args.out / "scaling-logs" / f"gateways-{point.gateways}.log"
+    suffix = "" if point.round == 1 else f"-round-{point.round}"
+    log_path = args.out / "scaling-logs" / f"gateways-{point.gateways}{suffix}.log"
     server = mesh(repository, point, log_path).start()
     try:
         server.wait_ready()
@@ -157,26 +162,43 @@ def measure(repository: Path, body: Path, point: Point, args: argparse.Namespace
 
 
 def run(args: argparse.Namespace) -> list[Point]:
+    """Every point of every round, in the order run."""
     points = []
     (args.out / "scaling-logs").mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="weir-scaling-") as tmp:
         repository = prepare_repository(args.repository, args.model, Path(tmp) / "repository")
         body = write_body(repository, args.model, Path(tmp) / "body.json")
-        for gateways in args.gateways:
-            point = Point(
-                gateways=gateways,
-                batchers=scaled(args.batchers, gateways, 4),
-                workers=scaled(args.cpu_workers, gateways, 2),
-                connections=args.concurrency_per_gateway * gateways,
-            )
-            try:
-                measure(repository, body, point, args)
-                logger.info("%d gateways: %.0f req/s", gateways, point.requests_per_s)
-            except Exception as exc:  # the other points still run; the report names it
-                logger.exception("%d gateways failed", gateways)
-                point.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
-            points.append(point)
+        for index in range(args.rounds):
+            order = args.gateways if index % 2 == 0 else args.gateways[::-1]
+            for gateways in order:
+                point = Point(
+                    gateways=gateways,
+                    batchers=scaled(args.batchers, gateways, 4),
+                    workers=scaled(args.cpu_workers, gateways, 2),
+                    connections=args.concurrency_per_gateway * gateways,
+                    round=index + 1,
+                )
+                try:
+                    measure(repository, body, point, args)
+                    logger.info(
+                        "round %d, %d gateways: %.0f req/s", point.round, gateways,
+                        point.requests_per_s,
+                    )  # fmt: skip
+                except Exception as exc:  # the other points still run; the report names it
+                    logger.exception("%d gateways failed", gateways)
+                    point.error = f"{type(exc).__name__}: {exc}".splitlines()[0]
+                points.append(point)
     return points
+
+
+def best_points(points: list[Point], gateways: list[int]) -> list[Point]:
+    """Each gateway count's best round (most req/s; a failed round only where all failed)."""
+    best = []
+    for count in gateways:
+        rounds = [p for p in points if p.gateways == count]
+        answered = [p for p in rounds if not p.error]
+        best.append(max(answered or rounds, key=lambda p: p.requests_per_s))
+    return best
 
 
 # --- the report -----------------------------------------------------------------------------
@@ -223,18 +245,36 @@ def machine() -> dict[str, Any]:
             "processor": platform.processor() or platform.machine()}  # fmt: skip
 
 
-def report(points: list[Point], args: argparse.Namespace) -> str:
+def report(every: list[Point], args: argparse.Namespace) -> str:
+    points = best_points(every, args.gateways)
     about = machine()
     shown = ", ".join(f"{key} {value}" for key, value in about.items())
     load_tool = (f"wrk, {args.load_threads} threads" if args.load_tool == "wrk"
                  else f"bench.http_load, {args.load_processes} processes")  # fmt: skip
+    rounds = f"; each point the best of {args.rounds} alternating rounds" if args.rounds > 1 else ""
     text = (
-        f"{args.model}, {args.duration_s:g} s per point after {args.warmup_s:g} s of warm-up; "
-        f"load: {load_tool}.\n\n{table(points)}\n\n{goal_line(points)}\nMachine: {shown}.\n"
+        f"{args.model}, {args.duration_s:g} s per point after {args.warmup_s:g} s of warm-up"
+        f"{rounds}; load: {load_tool}.\n\n{table(points)}\n\n{goal_line(points)}\n"
+        f"Machine: {shown}.\n"
     )
+    if args.rounds > 1:
+        text += (
+            "\nEvery round, req/s: "
+            + "; ".join(
+                f"{p.gateways} gateways, round {p.round}: "
+                + (f"{p.requests_per_s:.0f}" if not p.error else "failed")
+                for p in every
+            )
+            + ".\n"
+        )
     settings = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     settings.pop("pool", None)
-    document = {"machine": about, "settings": settings, "points": [asdict(p) for p in points]}
+    document = {
+        "machine": about,
+        "settings": settings,
+        "points": [asdict(p) for p in points],
+        "rounds": [asdict(p) for p in every],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "scaling.md").write_text(text)
     (args.out / "scaling.json").write_text(json.dumps(document, indent=2) + "\n")
@@ -263,9 +303,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cpu-workers", type=int, default=0, help="0: one per 2 gateways")
     parser.add_argument("--duration-s", type=float, default=8.0, help="measured, per point")
     parser.add_argument("--warmup-s", type=float, default=3.0, help="not counted, per point")
+    parser.add_argument("--rounds", type=int, default=1, help="alternating; each point's best")
     cores = os.cpu_count() or 2
     add_load_arguments(parser, threads=max(1, cores // 8), processes=max(1, cores // 4))
-    return parse_with_load(parser, argv)
+    args = parse_with_load(parser, argv)
+    if args.rounds < 1:
+        parser.error("--rounds: expected 1 or more")
+    return args
 
 
 def add_load_arguments(parser: argparse.ArgumentParser, threads: int, processes: int) -> None:

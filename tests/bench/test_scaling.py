@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.scaling import TIMES
+from bench.scaling import TIMES, Point, best_points
 
 ROOT = Path(__file__).resolve().parents[2]
 COMMAND = [
@@ -54,3 +54,21 @@ def test_each_gateway_count_gets_its_own_mesh_and_every_point_is_answered(
     assert len(rows) == 2 and rows[0].split("|")[6].strip() == f"1.00{TIMES}", table
     assert f"1 → 8 gateway processes ≥ 5{TIMES}: not measured in this run" in table
     assert (out / "scaling-logs" / "gateways-2.log").stat().st_size > 0
+
+
+def test_each_gateway_count_reports_its_best_round() -> None:
+    def point(gateways: int, round_: int, rate: float, error: str = "") -> Point:
+        return Point(gateways, 1, 1, 64 * gateways, requests_per_s=rate, error=error, round=round_)
+
+    every = [
+        point(1, 1, 5000), point(2, 1, 0, "RuntimeError: not ready"),
+        point(2, 2, 9000), point(1, 2, 5600),
+        point(4, 1, 0, "RuntimeError: a"), point(4, 2, 0, "RuntimeError: b"),
+    ]  # fmt: skip
+    best = best_points(every, [1, 2, 4])
+    assert [(p.gateways, p.round, p.requests_per_s) for p in best] == [
+        (1, 2, 5600),
+        (2, 2, 9000),  # an answered round before a failed one, whatever its rate
+        (4, 1, 0),  # every round failed: the report names the failure
+    ]
+    assert best[2].error
