@@ -58,6 +58,12 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
+def _flush_metrics(tasks: TaskSet, metrics: RequestMetrics, settings: GatewaySettings) -> None:
+    """A process of a multi-process gateway hands its request metrics on every flush_s."""
+    if metrics.shared:
+        tasks.spawn(metrics.flush_every(settings.metrics_flush_s), "metrics flush")
+
+
 def create_app(
     settings: GatewaySettings,
     serve_metrics: bool = True,
@@ -84,8 +90,9 @@ def create_app(
         # Collectors without names too: a scrape asking for name[] reaches each of them.
         registry = CollectorRegistry(support_collectors_without_names=True)
         store = _model_store(settings)
-        # Kept as plain numbers when this process's registry is the one scraped; a
-        # process of a multi-process gateway writes prometheus-client's shared files.
+        # Kept as plain numbers, which this process's registry reads when it is the one
+        # scraped; a process of a multi-process gateway hands them to prometheus-client's
+        # shared files every metrics_flush_s.
         # Serving TorchServe's APIs, it counts responses too (TorchServe's Requests2XX...).
         metrics = RequestMetrics(registry, serve_metrics, count_responses=store is not None)
         exporter = None
@@ -99,6 +106,7 @@ def create_app(
         tasks.spawn(mesh.read_replies(), "reply reader")
         tasks.spawn(reply_streams.run(), "reply streams")
         tasks.spawn(control.run(), "model control")
+        _flush_metrics(tasks, metrics, settings)
         logger.info("gateway %s serving %d models", mesh.gateway_id, len(catalog.models))
         if settings.inference_token is None:
             ports = f"{settings.http_port}"

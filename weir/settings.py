@@ -146,6 +146,7 @@ class GatewaySettings(
     metrics_port: int = Field(8002, ge=0, le=65535, description="0: no metrics endpoint")
     processes: int = Field(1, ge=1, description="gateway processes sharing the ports")
     reuse_port: bool = Field(True, description="each process listens with SO_REUSEPORT")
+    metrics_flush_s: float = Field(0.25, gt=0, description="processes > 1: metrics lag")
     body_limit_bytes: int = Field(64 * 1024 * 1024, gt=0)
     max_header_bytes: int = Field(
         64 * 1024, gt=0, description="largest HTTP request head (request line and headers), 431"

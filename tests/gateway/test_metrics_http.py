@@ -101,8 +101,20 @@ def test_multi_process_gateway_serves_and_aggregates_metrics(
             for _ in range(20):
                 # A new connection each time, so the kernel spreads them over both processes.
                 assert httpx.post(f"{url}/v2/models/tiny_mlp/infer", json=body).status_code == 200
-            found = samples(f"http://127.0.0.1:{metrics_port}/metrics")
+            # Each process hands its counts to the shared files every metrics_flush_s.
+            found: dict = {}
+
+            def counted() -> bool:
+                found.update(samples(f"http://127.0.0.1:{metrics_port}/metrics"))
+                return value(found, "weir_inference_request_success_total") >= 20
+
+            wait_until(counted, 10, "both processes' answers in the metrics")
             assert value(found, "weir_inference_request_success_total") == 20
+            for phase in ("request", "queue", "compute_infer"):
+                name = f"weir_inference_{phase}_duration_us"
+                assert value(found, f"{name}_count") == 20, phase
+                assert value(found, f"{name}_bucket", le="+Inf") == 20, phase
+                assert value(found, f"{name}_sum") > 0, phase
             assert mesh.log("gateway").count("Application startup complete") == 2
             gateway.send_signal(signal.SIGTERM)
             assert gateway.wait(30) == 0
