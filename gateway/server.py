@@ -14,6 +14,10 @@ The price: connections still waiting in a process's own queue when it closes are
 Each process serves gRPC on the same port, bound with ``SO_REUSEPORT``
 (:mod:`gateway.grpc_server`); the parent starts no gRPC, which must not run across a fork.
 
+A process whose parent dies (SIGKILLed, say) is sent SIGTERM by the kernel (Linux's
+``PR_SET_PDEATHSIG``) and drains as below, rather than serve on alone, holding the port with
+no parent to serve its metrics or pass on signals.
+
 On SIGTERM uvicorn stops accepting connections and lets in-flight requests finish (up to the
 grace period), the gRPC server does the same alongside, then the lifespan closes the reply
 reader. The process then exits with 0: a drained gateway is a clean exit, not a death by
@@ -23,6 +27,7 @@ signal.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import logging
 import math
 import multiprocessing
@@ -175,8 +180,9 @@ def serve(settings: GatewaySettings) -> None:
 def _serve_processes(settings: GatewaySettings) -> None:
     sockets = _sockets(settings, reuse_port=spreads_connections(settings))
     context = multiprocessing.get_context("fork")
+    parent = os.getpid()
     children = [
-        context.Process(target=_child, args=(settings, sockets), name=f"gateway-{i}")
+        context.Process(target=_child, args=(settings, sockets, parent), name=f"gateway-{i}")
         for i in range(settings.processes)
     ]
     for child in children:
@@ -201,10 +207,23 @@ def _serve_processes(settings: GatewaySettings) -> None:
     logger.info("gateway processes exited: %s", [c.exitcode for c in children])
 
 
-def _child(settings: GatewaySettings, sockets: list[socket.socket]) -> None:
+def _child(settings: GatewaySettings, sockets: list[socket.socket], parent: int) -> None:
+    _exit_with(parent)
     if spreads_connections(settings):
         sockets = _own_sockets(sockets)
     _server(settings, serve_metrics=False).run(sockets=sockets)
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _exit_with(parent: int) -> None:
+    """SIGTERM this process when ``parent`` dies (Linux; elsewhere nothing is arranged)."""
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    if os.getppid() != parent:  # it died before the request was made
+        os.kill(os.getpid(), signal.SIGTERM)
 
 
 def _startup_models(settings: GatewaySettings) -> Repository | list[ModelEntry]:

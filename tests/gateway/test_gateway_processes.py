@@ -4,7 +4,8 @@ Each gateway process listens on its own ``SO_REUSEPORT`` socket (``WEIR_GATEWAY_
 the default), so the kernel hashes connections over the processes. Over one shared socket
 the process that wakes first accepts every connection waiting, and a burst of connections
 (a load balancer's pool, a benchmark's) lands on one or two processes while the others
-idle. A real gateway of four processes on the session mesh's Redis, real sockets.
+idle. A real gateway of four processes on the session mesh's Redis, real sockets. Its
+processes exit with their parent.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ def every_process_listens(parent: int, port: int) -> bool:
     return len(listening) == PROCESSES and min(listening.values()) > 0
 
 
+def alive(process: psutil.Process) -> bool:
+    with contextlib.suppress(psutil.NoSuchProcess):
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    return False
+
+
 def ask_live(sock: socket.socket) -> bytes:
     sock.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: weir\r\n\r\n")
     return sock.recv(4096).split(b"\r\n", 1)[0]
@@ -81,6 +88,12 @@ def test_a_burst_of_connections_is_spread_over_every_gateway_process(
         # in a million runs, while a shared socket leaves some with none or one.
         assert len(held) == PROCESSES and min(held.values()) >= 2, held
         assert {ask_live(sock) for sock in sockets} == {b"HTTP/1.1 200 OK"}
+
+        # A parent SIGKILLed leaves no process serving on alone: each is sent SIGTERM.
+        children = psutil.Process(gateway.pid).children()
+        gateway.kill()
+        gateway.wait(10)
+        wait_until(lambda: not any(map(alive, children)), 30, "the orphans' exit")
     finally:
         for sock in sockets:
             sock.close()
