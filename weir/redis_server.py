@@ -15,6 +15,7 @@ import socket
 import subprocess
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -71,14 +72,23 @@ def _ephemeral_start() -> int:
         return 32768  # Linux's default
 
 
-def wait_for_port(port: int, timeout_s: float, host: str = "127.0.0.1") -> None:
-    """Return once ``host:port`` accepts connections; TimeoutError after ``timeout_s``."""
+def wait_for_port(
+    port: int, timeout_s: float, host: str = "127.0.0.1", alive: Callable[[], bool] | None = None
+) -> None:
+    """Return once ``host:port`` accepts connections; TimeoutError after ``timeout_s``.
+
+    With ``alive``, TimeoutError as soon as it says the server meant to listen there is gone.
+    """
     deadline = time.monotonic() + timeout_s
     while True:
         try:
             with socket.create_connection((host, port), timeout=0.5):
                 return
         except OSError:
+            if alive is not None and not alive():
+                raise TimeoutError(
+                    f"nothing listens on {host}:{port}: its server is gone"
+                ) from None
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"nothing listens on {host}:{port} after {timeout_s} s"
@@ -118,10 +128,18 @@ class RedisServer:
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
+        """Start the server and wait for its port; on failure no process is left behind."""
         self.process = subprocess.Popen(
             self._command(), stdout=subprocess.DEVNULL, start_new_session=True
         )
-        wait_for_port(self.port, timeout_s)
+        process = self.process
+        try:
+            wait_for_port(self.port, timeout_s, alive=lambda: process.poll() is None)
+        except TimeoutError as exc:
+            code = self.process.poll()
+            self.kill()
+            state = "still running" if code is None else f"exited with {code}"
+            raise TimeoutError(f"redis-server on port {self.port} ({state}): {exc}") from None
         return self
 
     def halt(self) -> None:
@@ -145,7 +163,11 @@ class RedisServer:
         self._dir.cleanup()
 
     def __enter__(self) -> RedisServer:
-        return self.start()
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()  # its data directory too: nothing of a failed start outlives it
+            raise
 
     def __exit__(self, *_: object) -> None:
         self.stop()

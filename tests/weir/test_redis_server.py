@@ -1,0 +1,27 @@
+"""A redis-server that cannot start leaves nothing behind and says why.
+
+A failed start used to leave its Popen to the garbage collector while the process might still
+run, and a ResourceWarning then failed whichever unrelated test was running when it was
+collected. A real redis-server on a port that another socket holds.
+"""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+
+import pytest
+
+from weir.redis_server import RedisServer
+
+
+def test_a_server_that_cannot_take_its_port_is_reported_and_leaves_nothing() -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))  # bound, not listening: the port is taken, nothing answers
+        port = holder.getsockname()[1]
+        server = RedisServer(port=port)
+        data = Path(server._dir.name)
+        with pytest.raises(TimeoutError, match=rf"port {port} \(exited with 1\)"), server:
+            pass
+        assert server.process is not None and server.process.returncode == 1
+        assert not data.exists()
