@@ -239,6 +239,8 @@ class WorkerLane:
             return False
         if self.parts.used:  # a thread, so each part goes out as it is sent
             return False
+        if getattr(self.runners[0].backend, "waits_on_the_loop", False):  # it would hang there
+            return False
         if settings.inline_compute_us == 0 or self.wall_ewma_ns >= settings.inline_block_us * 1000:
             return False
         return len(self.runners) == 1 or self.compute_ewma_ns < settings.inline_compute_us * 1000

@@ -12,6 +12,7 @@ import textwrap
 from pathlib import Path
 
 import httpx
+import pytest
 
 from tests.conftest import free_port, wait_until
 from tests.weir_up import weir_up
@@ -102,7 +103,12 @@ CALLER = """
 """
 
 
-def test_a_model_iterates_a_decoupled_models_responses(tmp_path: Path) -> None:
+def test_a_model_iterates_a_decoupled_models_responses(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every batch that is quick enough would run in the worker's event loop: a Python model's
+    # never does, as its calls to other models (and an async execute) wait on that loop.
+    monkeypatch.setenv("WEIR_WORKER_INLINE_BLOCK_US", str(60_000_000))
     models = tmp_path / "models"
     for name, config, model in (
         ("repeat", REPEAT_CONFIG, REPEAT),

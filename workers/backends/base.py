@@ -23,6 +23,10 @@ class ModelBackend(ABC):
     # The CUDA device this instance runs on (an index among the devices the worker sees);
     # None: the CPU.
     device: int | None = None
+    # True when ``infer`` may wait on the worker's own event loop (a Triton Python model
+    # calling other models, BLS, or running an ``async def execute``): its batches then never
+    # run in that loop, where such a wait could not be answered.
+    waits_on_the_loop = False
 
     def instance(self) -> ModelBackend:
         """What one more instance of this loaded, ``shareable`` model calls ``infer`` on.

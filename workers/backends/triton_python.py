@@ -60,6 +60,9 @@ MODULE_NAME = "triton_python_backend_utils"  # what Triton Python models import
 class TritonPythonBackend(ModelBackend):
     """One instance of a Triton Python model."""
 
+    # execute may call other models (BLS) through the worker's event loop, or be async.
+    waits_on_the_loop = True
+
     def __init__(
         self, config: ModelConfig, version_dir: Path, module: ModuleType, device: int | None
     ) -> None:
