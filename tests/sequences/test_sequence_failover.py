@@ -13,6 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import httpx
+import psutil
 import pytest
 import redis
 
@@ -73,11 +74,17 @@ def test_a_request_whose_worker_dies_holding_it_moves_the_state_on_once(tmp_path
         client = redis.Redis.from_url(server.url)
         try:
             mesh.start("batcher", "batcher")
-            victim = mesh.start("worker", "worker-a", WEIR_WORKER_NAME="a")
+            # A long block: the read it is stopped in must not time out before the batch comes.
+            victim = mesh.start(
+                "worker", "worker-a", WEIR_WORKER_NAME="a", WEIR_WORKER_BLOCK_MS="30000"
+            )
             mesh.start("gateway", "gateway", WEIR_GATEWAY_HTTP_PORT=str(port))
             url = f"http://127.0.0.1:{port}"
             wait_until(lambda: http_ready(f"{url}/v2/health/ready"), 60, "the mesh")
             assert add(url, 5, start=True) == 5
+            # Stopped while blocked in its read of batches, Redis still delivers the next batch
+            # to it; stopped anywhere else (acking the last one), it would never hold one.
+            wait_until(lambda: blocked_reading(client, victim.pid), 20, "the worker's read")
             victim.send_signal(signal.SIGSTOP)
             with ThreadPoolExecutor(1) as pool:
                 answer = pool.submit(add, url, 6)
@@ -91,6 +98,16 @@ def test_a_request_whose_worker_dies_holding_it_moves_the_state_on_once(tmp_path
             client.close()
             mesh.stop_all()
         assert "from dead workers" in mesh.log("worker-b")
+
+
+def blocked_reading(client: redis.Redis, pid: int) -> bool:
+    """Whether a connection of process ``pid`` is blocked in an ``XREADGROUP``."""
+    ports = {c.laddr.port for c in psutil.Process(pid).net_connections("tcp") if c.laddr}
+    for entry in client.client_list():
+        port = int(str(entry["addr"]).rsplit(":", 1)[1])
+        if port in ports and entry["cmd"] == "xreadgroup" and "b" in entry["flags"]:
+            return True
+    return False
 
 
 def pending(client: redis.Redis, stream: str, consumer: str) -> int:
