@@ -9,7 +9,8 @@ STAMP := $(VENV)/.installed
 HTTP_PORT ?= 8000
 # Test processes (pytest-xdist, whole files per process: a module's mesh serves its tests
 # in one process). Most of the suite waits on processes it started, so two halve the time
-# on two cores; `make test TEST_PROCESSES=0` runs everything in one process.
+# on two cores; `make test TEST_PROCESSES=0` runs everything in one process. Files are
+# handed out in the suite's order (tests/conftest.py puts the longest first), not by size.
 TEST_PROCESSES ?= 2
 
 .PHONY: install models up test lint format bench clean
@@ -36,7 +37,7 @@ up: models
 
 # Lint first: the style holds in every run, CI's included, without anyone checking by hand.
 test: lint models
-	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadfile --no-loadscope-reorder
 
 # The benchmark (bench/README.md): raw torch, Weir and its peers (a naive FastAPI baseline,
 # TorchServe), one run. It installs what only it needs (the bench extra; wrk and Java with

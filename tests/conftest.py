@@ -6,6 +6,7 @@ way ``weir up`` and compose start them, against a private redis-server.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import importlib.util
 import os
@@ -13,7 +14,9 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
+import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -58,7 +61,13 @@ def build_models() -> ModuleType:
 
 @pytest.fixture(scope="session")
 def example_repository(build_models: ModuleType) -> Path:
-    build_models.build_repository(EXAMPLES)
+    # Each test process (pytest-xdist) asks for it: the first builds what is missing under
+    # the lock, the others then find it built, not half-written.
+    name = f"weir-examples-{zlib.crc32(bytes(EXAMPLES)):08x}.lock"
+    lock_path = Path(tempfile.gettempdir()) / name
+    with lock_path.open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        build_models.build_repository(EXAMPLES)
     return EXAMPLES
 
 
