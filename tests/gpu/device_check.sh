@@ -7,8 +7,9 @@
 # What it needs: python3 with a CUDA build of torch. Weir's other dependencies come from
 # .whl/ when that folder is there (tests/gpu/wheels.sh fills it, for a machine that reaches
 # no package index), else from the package index (pip install -e '.[worker,gpu,dev]').
-# onnxruntime-gpu and tensorrt are used where installed; their tests and bench rows are
-# skipped, saying so, where they are not.
+# onnxruntime-gpu and tensorrt are used where installed, onnxruntime-gpu also from the parts
+# under .whl-parts/ (ORT_GPU=1 tests/gpu/wheels.sh says which call carries which); their
+# tests and bench rows are skipped, saying so, where they are not.
 #
 # Steps: the GPU and the runtimes seen; the example models the GPU tests serve (and a
 # TensorRT engine, in the tests, where tensorrt is installed); the `gpu` tests
@@ -52,6 +53,18 @@ if [ -d .whl ]; then
 else
     "$PYTHON" -m pip install -q -e '.[worker,gpu,dev]' || exit 1
     export PYTHONPATH=$PWD
+fi
+# onnxruntime-gpu in parts (ORT_GPU=1 tests/gpu/wheels.sh), carried one a call: joined and
+# put ahead of the image's CPU onnxruntime. A part missing leaves the CPU build (its tests
+# skip, saying so).
+if [ -d .whl-parts ]; then
+    if wheel=$("$PYTHON" tests/gpu/wheel_parts.py join .whl-parts /tmp/weir-parts) &&
+        "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+            --upgrade --target /tmp/weir-ort-gpu "$wheel"; then
+        export PYTHONPATH=/tmp/weir-ort-gpu:$PYTHONPATH
+    else
+        echo "onnxruntime-gpu not installed: its tests and bench rows are skipped"
+    fi
 fi
 "$PYTHON" - <<'PY' || exit 1
 import importlib, importlib.util
