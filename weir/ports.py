@@ -87,11 +87,10 @@ def _reserving() -> Iterator[Callable[[int], bool]]:
             with contextlib.suppress(FileNotFoundError):
                 if now - path.stat().st_mtime < RESERVE_S:
                     return False
-            try:
+            # An old reservation's file gets a new age; one that cannot be written leaves the
+            # port unreserved, still free: better than no port.
+            with contextlib.suppress(OSError):
                 path.touch()
-                os.utime(path, (now, now))
-            except OSError:
-                pass  # unreserved, still free: better than no port
             return True
 
         yield claim
