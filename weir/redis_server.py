@@ -61,11 +61,17 @@ class RedisServer:
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
+    @property
+    def log_path(self) -> Path:
+        """Its log (warnings and worse), in its data directory: why a start failed."""
+        return Path(self._dir.name) / "redis.log"
+
     def _command(self) -> list[str]:
         persistence = ["--appendonly", "yes", "--appendfsync", "always"] if self.appendonly else []
         return [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
             "--appendonly", "no", *persistence, "--dir", self._dir.name, "--loglevel", "warning",
+            "--logfile", str(self.log_path),
             "--maxmemory", self.maxmemory, "--maxmemory-policy", "noeviction", *self.extra,
         ]  # fmt: skip
 
@@ -81,8 +87,17 @@ class RedisServer:
             code = self.process.poll()
             self.kill()
             state = "still running" if code is None else f"exited with {code}"
-            raise TimeoutError(f"redis-server on port {self.port} ({state}): {exc}") from None
+            raise TimeoutError(
+                f"redis-server on port {self.port} ({state}): {exc}; its log: {self._log_tail()}"
+            ) from None
         return self
+
+    def _log_tail(self, limit: int = 600) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace").strip()
+        except OSError:
+            return "(none)"
+        return text[-limit:] or "(empty)"
 
     def halt(self) -> None:
         """Stop the process and keep its data directory (``start`` again to restart)."""

@@ -1,4 +1,4 @@
-"""A redis-server that cannot start leaves nothing behind and says why.
+"""A redis-server that cannot start leaves nothing behind and says why, in its own words.
 
 A failed start used to leave its Popen to the garbage collector while the process might still
 run, and a ResourceWarning then failed whichever unrelated test was running when it was
@@ -21,7 +21,8 @@ def test_a_server_that_cannot_take_its_port_is_reported_and_leaves_nothing() -> 
         port = holder.getsockname()[1]
         server = RedisServer(port=port)
         data = Path(server._dir.name)
-        with pytest.raises(TimeoutError, match=rf"port {port} \(exited with 1\)"), server:
+        with pytest.raises(TimeoutError, match=rf"port {port} \(exited with 1\)") as failed, server:
             pass
+        assert "Address already in use" in str(failed.value)  # its own log says why
         assert server.process is not None and server.process.returncode == 1
         assert not data.exists()

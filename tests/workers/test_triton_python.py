@@ -59,7 +59,7 @@ MODEL = """
         def execute(self, requests):
             if any(pb_utils.get_input_tensor_by_name(r, "INPUT0").as_numpy()[0, 0] == 99
                    for r in requests):
-                time.sleep(0.5)  # a slow batch: the requests sent meanwhile queue behind it
+                time.sleep(2)  # a slow batch: the requests sent meanwhile queue behind it
             responses = []
             for request in requests:
                 a = pb_utils.get_input_tensor_by_name(request, "INPUT0").as_numpy()
@@ -112,7 +112,7 @@ def test_a_triton_python_model_answers_each_request_of_a_batch(tmp_path: Path) -
             url = "/v2/models/add_sub/infer"
             slow = asyncio.ensure_future(client.post(url, json=behind)) if behind else None
             if slow is not None:
-                await asyncio.sleep(0.1)  # taken by the one instance, which it holds 0.5 s
+                await asyncio.sleep(0.1)  # taken by the one instance, which it holds 2 s
             answers = await asyncio.gather(*(client.post(url, json=b) for b in bodies))
             if slow is not None:
                 assert (await slow).status_code == 200
