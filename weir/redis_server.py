@@ -38,6 +38,9 @@ def find_redis_server(explicit: str = "") -> str:
     return str(bundled)
 
 
+PORT_TRIES = 3
+
+
 class RedisServer:
     """One redis-server child process on a loopback port."""
 
@@ -55,6 +58,7 @@ class RedisServer:
         self.maxmemory = maxmemory  # Redis's units: 1gb, 512mb, bytes; 0: no limit
         self.extra = extra  # more redis-server options (``--replicaof``, ``--sentinel``, ...)
         self.process: subprocess.Popen[bytes] | None = None
+        self._may_move = not port and not extra  # its port is its own choice, unknown yet
         self._dir = tempfile.TemporaryDirectory(prefix="weir-redis-")
 
     @property
@@ -76,7 +80,24 @@ class RedisServer:
         ]  # fmt: skip
 
     def start(self, timeout_s: float = 10.0) -> RedisServer:
-        """Start the server and wait for its port; on failure no process is left behind."""
+        """Start the server and wait for its port; on failure no process is left behind.
+
+        A port it chose itself that something else took between being found free and being
+        bound ("Address already in use" in its log) is replaced by another, at most
+        :data:`PORT_TRIES` times in all, before its first start only (clients know the port
+        of a server that ran) and only without ``extra`` options (they may name the port).
+        """
+        for _ in range(PORT_TRIES - 1):
+            try:
+                return self._start(timeout_s)
+            except TimeoutError:
+                if not (self._may_move and "Address already in use" in self._log_tail()):
+                    raise
+                self.port = free_port()
+                self.log_path.unlink(missing_ok=True)
+        return self._start(timeout_s)
+
+    def _start(self, timeout_s: float) -> RedisServer:
         self.process = subprocess.Popen(
             self._command(), stdout=subprocess.DEVNULL, start_new_session=True
         )
@@ -90,6 +111,7 @@ class RedisServer:
             raise TimeoutError(
                 f"redis-server on port {self.port} ({state}): {exc}; its log: {self._log_tail()}"
             ) from None
+        self._may_move = False
         return self
 
     def _log_tail(self, limit: int = 600) -> str:

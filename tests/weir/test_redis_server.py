@@ -11,7 +11,10 @@ import socket
 from pathlib import Path
 
 import pytest
+import redis
 
+from weir import redis_server
+from weir.ports import free_port
 from weir.redis_server import RedisServer
 
 
@@ -26,3 +29,17 @@ def test_a_server_that_cannot_take_its_port_is_reported_and_leaves_nothing() -> 
         assert "Address already in use" in str(failed.value)  # its own log says why
         assert server.process is not None and server.process.returncode == 1
         assert not data.exists()
+
+
+def test_a_port_of_its_own_choosing_taken_before_it_binds_is_replaced(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))  # taken between being found free and being bound
+        taken = holder.getsockname()[1]
+        handed = iter([taken])
+        monkeypatch.setattr(redis_server, "free_port", lambda: next(handed, None) or free_port())
+        with RedisServer() as server:
+            assert server.port != taken
+            with redis.Redis(port=server.port) as client:
+                assert client.ping()
